@@ -1,0 +1,136 @@
+"""Fake LLMs for tests and offline runs: plain callables `(prompt: str) -> str`, like llm.Client.
+
+ScriptedLLM replays canned replies in order and records the prompts it received (unit tests).
+RuleBasedLLM answers every HCM prompt kind (see hcm.prompt_kind) in the right format, deterministically
+from a hash of the prompt text and a seed, with no state between calls: several islands (threads) can
+share one instance, or one behind an HTTP server, and runs stay reproducible.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+
+import hcm
+
+
+class ScriptExhausted(BaseException):
+    """Raised when a ScriptedLLM runs out of replies. A BaseException on purpose: HCM turns ordinary
+    exceptions from the LLM into recorded failures, and an unscripted call must fail the test instead."""
+
+
+class ScriptedLLM:
+    """Returns `replies` in order; a reply that is an exception instance is raised instead."""
+
+    def __init__(self, replies: list):
+        self.replies = list(replies)
+        self.prompts: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, prompt: str) -> str:
+        with self._lock:
+            self.prompts.append(prompt)
+            if len(self.prompts) > len(self.replies):
+                kind = hcm.prompt_kind(prompt)
+                raise ScriptExhausted(f"ScriptedLLM ran out of replies: call {len(self.prompts)} ({kind} prompt), "
+                                     f"only {len(self.replies)} scripted")
+            reply = self.replies[len(self.prompts) - 1]
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    @property
+    def kinds(self) -> list[str]:
+        return [hcm.prompt_kind(p) for p in self.prompts]
+
+    @property
+    def remaining(self) -> int:
+        return len(self.replies) - len(self.prompts)
+
+
+_DIRECTIONS = [
+    "Fuse the elementwise epilogue into one CUDA kernel so the intermediate tensor is read and written once",
+    "Compute the normalisation statistics with a warp-shuffle tree reduction in a single pass",
+    "Vectorise global memory access with float4 loads and stores in the fused kernel",
+    "Keep the vendor convolution and replace only the tail operators with one custom kernel",
+    "Tile the reduction through shared memory so each block reads its input once",
+    "Use channels-last memory layout so the custom kernel reads contiguous channels",
+    "Launch one block per (sample, group) and keep partial sums in registers",
+    "Reduce kernel launches by merging the statistics and apply passes with a grid-wide barrier",
+]
+
+
+class RuleBasedLLM:
+    """Answers HCM prompts in the expected format. Selection and repair replies carry one of `programs`,
+    chosen from a hash of the prompt, so identical prompts always get identical replies."""
+
+    def __init__(self, programs: list[str], seed: int = 0, variants: bool = False):
+        if not programs or not all(isinstance(p, str) and p.strip() for p in programs):
+            raise ValueError("RuleBasedLLM needs at least one non-empty program source")
+        self.programs = list(programs)
+        self.seed = seed
+        self.variants = variants   # True: tag each reply's program with a constant, so none is a duplicate
+
+    def _h(self, prompt: str, salt: str = "") -> int:
+        digest = hashlib.sha256(f"{self.seed}|{salt}|{prompt}".encode("utf-8", "replace")).digest()
+        return int.from_bytes(digest[:8], "big")
+
+    def __call__(self, prompt: str) -> str:
+        prompt = prompt if isinstance(prompt, str) else str(prompt)
+        kind = hcm.prompt_kind(prompt)
+        handler = getattr(self, f"_{kind}", self._unknown)
+        return handler(prompt)
+
+    # one method per prompt kind -------------------------------------------------------------------
+    def _idea_generation(self, prompt: str) -> str:
+        m = re.search(r"Brainstorm (\d+) distinct", prompt)
+        n = max(1, min(int(m.group(1)) if m else 3, 8))
+        start = self._h(prompt) % len(_DIRECTIONS)
+        parts = ["Let me think about where time goes in the current program.\n"]
+        for k in range(n):
+            idea = _DIRECTIONS[(start + k) % len(_DIRECTIONS)]
+            parts.append(f"**Idea {k + 1}**\nIdea: {idea}.\nReasoning: it removes memory traffic.\n")
+        return "\n".join(parts)
+
+    def _classification(self, prompt: str) -> str:
+        ids = _pool_ids(prompt)
+        proposal = prompt.split("A new proposal:", 1)[-1].split("## Your task", 1)[0].strip()
+        if ids and self._h(prompt) % 2 == 0:
+            idea_id = ids[self._h(prompt, "id") % len(ids)]
+            return (f"Idea Exists: True\nIdea ID: {idea_id}\n"
+                    f"Updated description: {proposal[:200] or 'refined idea'}")
+        return f"Idea Exists: False\nIdea description: {proposal[:200] or 'a new idea'}"
+
+    def _program(self, prompt: str) -> str:
+        program = self.programs[self._h(prompt, "program") % len(self.programs)].strip()
+        return f"{program}\n\n_VARIANT = {self._h(prompt, 'variant') % 10**9}" if self.variants else program
+
+    def _selection(self, prompt: str) -> str:
+        m = re.search(r"valid idea ids: ([\d, ]+)", prompt)
+        ids = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else _pool_ids(prompt) or [1]
+        h = self._h(prompt)
+        idea_id = ids[h % len(ids)]
+        return (f"Idea ID: {idea_id}\nExperiment: variant {h % 10007} of idea {idea_id}\n\n"
+                f"```python\n{self._program(prompt)}\n```\n")
+
+    def _repair(self, prompt: str) -> str:
+        return f"The failure comes from the kernel launch.\n\n```python\n{self._program(prompt)}\n```\n"
+
+    def _duplicate_check(self, prompt: str) -> str:
+        return "Repeat: no\nEntry: none"
+
+    def _summary(self, prompt: str) -> str:
+        return "Key findings: fusing helped most; the other variants did not beat the best result."
+
+    def _prune(self, prompt: str) -> str:
+        m = re.search(r"exactly (\d+) must be dropped", prompt)
+        n = int(m.group(1)) if m else 1
+        return f"Dropping Ideas: {_pool_ids(prompt)[:n]}"
+
+    def _unknown(self, prompt: str) -> str:
+        # Not an HCM prompt (e.g. a caller's own): answer with a program so code extraction still works.
+        return f"Here is a program.\n\n```python\n{self._program(prompt)}\n```\n"
+
+
+def _pool_ids(prompt: str) -> list[int]:
+    return list(dict.fromkeys(int(x) for x in re.findall(r"^Idea ID: (\d+) \|", prompt, re.M)))
