@@ -1,0 +1,262 @@
+"""Benchmark of the evaluator itself on the GPU machine (issue 7): where a candidate's evaluation time
+goes, how repeatable and how accurate its timing is, and how many candidates per hour it gets through.
+
+Uses only evaluate_kernel's public API (Evaluator.for_task, .baseline_ms, .evaluate, .close) and the
+hand-written conv_groupnorm candidate in tests/kernels/conv_groupnorm_fused.py. Reports:
+  1. cold evaluation (fresh cache dir) and cached re-evaluation of the same source: wall time, split into
+     whatever of EvalResult.details["compile_s" | "check_s" | "time_s"] the evaluator reports;
+  2. repeatability: the same source evaluated 5 times, spread of the 5 medians;
+  3. agreement with an independent measurement done here, in this process: CUDA events around each call,
+     a device-wide synchronise before the end event, an L2 flush before every call, median of 50, for
+     the reference and for the candidate module;
+  4. throughput: K distinct candidates (the fused kernel with a harmless constant changed, so each needs
+     its own build) submitted at once from K threads, with Evaluator(gpus=[0]) and with all visible GPUs.
+Writes a markdown table (date, GPU, torch/CUDA versions, every figure) to stdout and to --out.
+Budget: about 5-8 minutes on one H100/H200 machine with 16 cores (K=6).
+
+    python3 scripts/bench_eval.py --out docs/bench_eval_h100.md
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import evaluate_kernel  # noqa: E402
+import tasks  # noqa: E402
+
+FUSED = os.path.join(ROOT, "tests", "kernels", "conv_groupnorm_fused.py")
+SPLIT_KEYS = ("compile_s", "check_s", "time_s")
+
+
+def variant(src: str, i: int) -> str:
+    """The fused candidate with a different unused constant and extension name: same speed, new hash."""
+    marker, name = "constexpr int kVariant = 0;", 'name="pacevolve_cg_fused"'
+    assert src.count(marker) == 1 and src.count(name) == 1, "conv_groupnorm_fused.py changed its markers"
+    return src.replace(marker, f"constexpr int kVariant = {i};").replace(name, f'name="pacevolve_cg_fused_v{i}"')
+
+
+def split(result) -> str:
+    parts = [f"{k[:-2]} {result.details[k]:.1f} s" for k in SPLIT_KEYS
+             if isinstance(result.details.get(k), (int, float))]
+    return ", ".join(parts) if parts else "no split reported"
+
+
+def timed_evaluate(ev, src: str):
+    t0 = time.perf_counter()
+    result = ev.evaluate(src)
+    return result, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------ independent timer
+
+def independent_ms(fn, input_sets, trials: int = 50) -> float:
+    """CUDA events around each call, full synchronise before the end event, L2 flushed before each call."""
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
+    flush = torch.empty(max(2 * l2, 256 * 2**20) // 4, dtype=torch.float32, device="cuda")
+    with torch.no_grad():
+        for i in range(5):
+            fn(*input_sets[i % len(input_sets)])
+        torch.cuda.synchronize()
+        samples = []
+        for i in range(trials):
+            args = input_sets[i % len(input_sets)]
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            torch.cuda.synchronize()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+    del flush
+    return statistics.median(samples)
+
+
+class InProcessBuild:
+    """Builds the candidate in this process (its own extension dir) on a helper thread, so the build
+    overlaps the evaluator's cached/repeat phases, which use little CPU."""
+
+    def __init__(self, src: str, ext_dir: str):
+        self.src, self.ext_dir, self.namespace, self.error, self.seconds = src, ext_dir, None, None, 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "InProcessBuild":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        os.environ["TORCH_EXTENSIONS_DIR"] = self.ext_dir
+        t0 = time.perf_counter()
+        try:
+            ns: dict = {"__name__": "bench_candidate"}
+            exec(compile(self.src, "bench_candidate", "exec"), ns)
+            self.namespace = ns
+        except Exception as e:  # reported in the table
+            self.error = f"{type(e).__name__}: {e}"
+        self.seconds = time.perf_counter() - t0
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ref_ns: dict = {}
+    exec(compile(task.reference_src, task.name, "exec"), ref_ns)
+    torch.manual_seed(42)
+    init = ref_ns["get_init_inputs"]()
+    torch.manual_seed(42)
+    ref = ref_ns["Model"](*init).cuda()
+    input_sets = []
+    for s in range(2):
+        torch.manual_seed(100 + s)
+        input_sets.append([t.cuda() for t in ref_ns["get_inputs"]()])
+    ref_ms = independent_ms(ref, input_sets)
+    cand_ms = None
+    if cand_ns is not None:
+        torch.manual_seed(42)
+        cand = cand_ns["ModelNew"](*init).cuda()
+        cand_ms = independent_ms(cand, input_sets)
+        del cand
+    del ref, input_sets
+    torch.cuda.empty_cache()
+    return ref_ms, cand_ms
+
+
+# ------------------------------------------------------------------------------------------- phases
+
+def throughput(task, src: str, gpus: list[int], k: int, first_variant: int, cache_dir: str) -> dict:
+    with evaluate_kernel.Evaluator.for_task(task, gpus=gpus, cache_dir=cache_dir) as ev:
+        for g in gpus:  # one-time baselines, not part of the per-candidate cost
+            ev.baseline_ms(g)
+        sources = [variant(src, first_variant + i) for i in range(k)]
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(k) as pool:
+            results = list(pool.map(ev.evaluate, sources))
+        wall = time.perf_counter() - t0
+    ok = sum(r.status == "ok" for r in results)
+    return {"wall_s": wall, "per_hour": k / wall * 3600, "ok": ok, "k": k,
+            "statuses": sorted({r.status for r in results})}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_eval.md"))
+    ap.add_argument("--k", type=int, default=6, help="distinct candidates per throughput round")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=450, help="skip phases that would start after this")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_eval.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    started = time.perf_counter()
+    over_budget = lambda: time.perf_counter() - started > args.budget_s
+    task = tasks.get("conv_groupnorm")
+    with open(FUSED) as f:
+        src = f.read()
+    all_gpus = list(range(torch.cuda.device_count()))
+    work = tempfile.mkdtemp(prefix="pacevolve_bench_")
+    rows: list[tuple[str, str]] = []
+    add = lambda k, v: (rows.append((k, v)), print(f"{k}: {v}", flush=True))
+
+    add("date", datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
+    add("GPU", f"{torch.cuda.get_device_name(0)} x{len(all_gpus)}")
+    add("versions", f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
+                    f"{torch.backends.cudnn.version()}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    add("task / candidate", "conv_groupnorm (KernelBench level2 #92) / tests/kernels/conv_groupnorm_fused.py")
+
+    ev = evaluate_kernel.Evaluator.for_task(task, gpus=[0], cache_dir=os.path.join(work, "cache"))
+    build = None
+    try:
+        t0 = time.perf_counter()
+        base = ev.baseline_ms(0)
+        add("baseline (reference eager) ms, first measurement wall", f"{base:.3f} ms, {time.perf_counter() - t0:.1f} s")
+
+        cold, cold_wall = timed_evaluate(ev, src)
+        add("cold evaluation (fresh cache)", f"{cold_wall:.1f} s wall ({split(cold)}); status {cold.status}, "
+                                             f"{cold.runtime_ms} ms, speedup {cold.speedup}")
+        # Build the same module in this process while the evaluator re-runs cached sources.
+        build = InProcessBuild(src, os.path.join(work, "inprocess_ext")).start()
+
+        cached, cached_wall = timed_evaluate(ev, src)
+        add("cached evaluation (same source again)", f"{cached_wall:.1f} s wall ({split(cached)}); status {cached.status}")
+
+        runtimes, walls = [], []
+        for _ in range(args.repeats):
+            r, w = timed_evaluate(ev, src)
+            walls.append(w)
+            if r.runtime_ms:
+                runtimes.append(r.runtime_ms)
+        if runtimes:
+            med = statistics.median(runtimes)
+            spread = (max(runtimes) - min(runtimes)) / med
+            note = " (all identical: results may be cached, not re-timed)" if len(set(runtimes)) == 1 else ""
+            add(f"repeatability ({args.repeats} evaluations)",
+                f"medians {', '.join(f'{x:.3f}' for x in runtimes)} ms; spread {100 * spread:.1f}% "
+                f"(target <= 2%){note}; wall {statistics.median(walls):.1f} s each")
+
+        build.join(timeout=max(10.0, args.budget_s - (time.perf_counter() - started) - 200))
+        if build.namespace is None:
+            add("independent measurement", f"skipped: in-process build {'failed: ' + str(build.error)[:200] if build.error else 'not finished'}")
+        else:
+            ref_ms, cand_ms = independent_measurement(task, build.namespace)
+            evaluator_ref = ev.baseline_ms(0)
+            agree = lambda ours, theirs: f"{100 * abs(ours - theirs) / theirs:.1f}%"
+            add("independent vs evaluator, reference", f"{ref_ms:.3f} vs {evaluator_ref:.3f} ms: "
+                                                       f"{agree(ref_ms, evaluator_ref)} apart (target <= 3%)")
+            if cand_ms is not None and runtimes:
+                add("independent vs evaluator, candidate", f"{cand_ms:.3f} vs {statistics.median(runtimes):.3f} ms: "
+                                                           f"{agree(cand_ms, statistics.median(runtimes))} apart "
+                                                           f"(target <= 3%; in-process build {build.seconds:.0f} s)")
+    finally:
+        ev.close()
+
+    rounds = [("1 GPU", [0])]
+    if len(all_gpus) > 1:
+        rounds.append((f"{len(all_gpus)} GPUs", all_gpus))
+    per_hour = {}
+    for i, (label, gpus) in enumerate(rounds):
+        if over_budget():
+            add(f"throughput, {label}", "skipped: over the time budget")
+            continue
+        t = throughput(task, src, gpus, args.k, first_variant=1 + i * args.k,
+                       cache_dir=os.path.join(work, f"cache_tp{i}"))
+        per_hour[label] = t["per_hour"]
+        add(f"throughput, {label}", f"{t['per_hour']:.0f} new candidates/hour ({t['k']} distinct sources "
+                                    f"submitted at once, {t['wall_s']:.1f} s wall, {t['ok']}/{t['k']} ok, "
+                                    f"statuses {t['statuses']})")
+    if len(per_hour) == 2:
+        a, b = per_hour.values()
+        add("multi-GPU scaling", f"{b / a:.2f}x the candidates/hour of 1 GPU (target >= 1.8x with 2 GPUs)")
+    elif len(all_gpus) == 1:
+        add("throughput, all GPUs", "only 1 GPU visible: same as 1 GPU")
+    add("benchmark wall time", f"{time.perf_counter() - started:.0f} s")
+
+    table = "| figure | value |\n|---|---|\n" + "\n".join(
+        f"| {k} | {v.replace('|', '/')} |" for k, v in rows) + "\n"
+    print("\n" + table)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("# Evaluator benchmark (scripts/bench_eval.py)\n\n" + table)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

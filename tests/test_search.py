@@ -1,0 +1,212 @@
+"""run.Search in-process with a fake evaluator: Algorithm 2's bookkeeping, invariants and checkpoints."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+import hcm
+import run
+import tasks
+from fake_llm import RuleBasedLLM
+
+PROGRAM = "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    SPEED = {speed}\n"
+PROGRAMS = [PROGRAM.format(speed=s) for s in ("'fast'", "'medium'", "'slow'", "'wrong'")]
+RUNTIMES = {"'fast'": 2.0, "'medium'": 6.0, "'slow'": 12.0}
+
+
+@dataclass
+class FakeResult:
+    status: str
+    runtime_ms: float | None
+    message: str = ""
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self):
+        return {"status": self.status, "runtime_ms": self.runtime_ms, "message": self.message,
+                "details": self.details}
+
+
+class FakeEvaluator:
+    """Runtime decided by the program text: deterministic, instant."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def evaluate(self, src):
+        self.calls += 1
+        for tag, ms in RUNTIMES.items():
+            if tag in src:
+                return FakeResult("ok", ms, f"ok: {ms} ms", {"check_s": 0.1, "time_s": 0.2})
+        return FakeResult("incorrect", None, "incorrect: output 0 is off by 0.2")
+
+
+class CountingLLM:
+    def __init__(self, inner):
+        self.inner, self.usage = inner, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    def __call__(self, prompt):
+        text = self.inner(prompt)
+        self.usage["calls"] += 1
+        self.usage["prompt_tokens"] += len(prompt) // 4
+        self.usage["completion_tokens"] += len(text) // 4
+        return text
+
+
+def make_search(tmp_path, islands=2, seed=0, **overrides):
+    cfg = run.Config(task="conv_groupnorm_small", islands=islands, generations=0, seed=seed,
+                     freeze=2, eps_rel=0.9, quiet=True, **overrides)
+    llm = CountingLLM(RuleBasedLLM(PROGRAMS, seed=seed, variants=True))
+    rundir = run.RunDir(tmp_path / f"run{seed}")
+    search = run.Search(cfg, tasks.get("conv_groupnorm_small"), FakeEvaluator(), llm, None, rundir,
+                        baseline_ms=20.0, device="cpu")
+    return search
+
+
+def advance(search, rounds):
+    search.cfg.generations = search.round + rounds
+    return search.run()
+
+
+def events(search, kind):
+    lines = search.rundir.events_path.read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["type"] == kind]
+
+
+def test_invariants_hold_round_after_round(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=1)
+    best_global, bests, tried = float("inf"), [float("inf")] * 2, [0, 0]
+    for _ in range(10):
+        advance(search, 1)
+        gb = search.global_best["runtime_ms"] if search.global_best else float("inf")
+        assert gb <= best_global                        # the global best is never rolled back
+        best_global = gb
+        for island in search.islands:
+            best = island.best.score if island.best else float("inf")
+            assert best <= bests[island.index]           # nor an island's best ever
+            bests[island.index] = best
+            assert len(island.log.tried) >= tried[island.index]   # nor the log of tried hypotheses
+            tried[island.index] = len(island.log.tried)
+            assert len(island.snapshots) >= island.generation + 1
+            assert 0.0 <= island.momentum.value <= 1.0
+    assert len(events(search, "generation")) == 20
+    assert events(search, "action")                     # eps 0.9, freeze 2: interventions happen
+
+
+def test_backtrack_restores_an_earlier_snapshot(tmp_path):
+    search = make_search(tmp_path, islands=1, seed=2)   # no partner: backtrack is the only action
+    restored = []
+    original = run.momentum.power_law_index
+
+    def spy(n, alpha, rng):
+        k = original(n, alpha, rng)
+        restored.append((k, search.islands[0].snapshots[k]))
+        return k
+
+    run.momentum.power_law_index = spy
+    try:
+        for _ in range(8):
+            before = len(search.islands[0].actions)
+            advance(search, 1)
+            island = search.islands[0]
+            if len(island.actions) > before:
+                k, point = restored[-1]
+                action = island.actions[-1]
+                assert action["action"] == "backtrack" and action["restored_index"] == k
+                assert island.pool.to_dict() == point["pool"]
+                assert [p.__dict__ for p in island.elites] == point["elites"]
+                assert island.momentum.value == 1.0 and island.since_action == 0
+                assert island.snapshots[-1]["pool"] == point["pool"]
+    finally:
+        run.momentum.power_law_index = original
+    assert restored, "no backtrack happened"
+
+
+def test_crossover_takes_the_partner_program_and_ideas(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=3)
+    advance(search, 1)
+    lagging, leader = search.islands
+    leader.best = run.Program(search.rundir.save_program(PROGRAMS[0]), 2.0)   # A = 0.9
+    lagging.best, lagging.elites = None, []
+    lagging.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    lagging.momentum.update(None)                                            # stagnant
+    lagging.since_action = 5
+    leader_ideas = {i.description for i in leader.pool.ideas}
+    search._intervene(lagging)
+    action = lagging.actions[-1]
+    assert action["weights"]["1"] > 0.85                # w_C = A_1 - A_0 = 0.9 (+ no synergy)
+    if action["action"] != "crossover":
+        pytest.skip("the 1% backtrack was drawn")          # seeds make this deterministic; guard anyway
+    assert action["partner"] == 1 and lagging.forced_parent == leader.best.id
+    assert leader_ideas <= {i.description for i in lagging.pool.ideas} or len(lagging.pool.ideas) <= 5
+    assert any(p.id == leader.best.id for p in lagging.elites)
+    assert lagging.momentum.value == 1.0 and lagging.since_action == 0
+    parent = search._parent(lagging)
+    assert parent.source == PROGRAMS[0]                   # the partner's best is the next parent
+    assert events(search, "action")[-1]["partner"] == 1
+
+
+def test_freeze_period_is_respected(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=4)
+    search.cfg.freeze = 4
+    advance(search, 9)
+    for island in search.islands:
+        last = 0
+        for a in island.actions:
+            assert a["generation"] - last >= 4
+            last = a["generation"]
+
+
+def test_failed_candidate_is_a_generation_without_improvement(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=5)
+    search.llm_main.inner.programs = [PROGRAMS[3]]      # only the wrong program, repairs included
+    advance(search, 3)
+    failed = [e for e in events(search, "generation") if e["runtime_ms"] is None]
+    assert len(failed) == 6 and all(e["r_t"] == 0.0 for e in failed)
+    assert any(e["outcome"] == "incorrect" for e in failed)
+    assert all(i.momentum.value == pytest.approx(0.85 ** 3) or i.actions for i in search.islands)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=6)
+    advance(search, 4)
+    search.checkpoint()
+    state = json.loads((search.rundir.path / "checkpoint.json").read_text())
+    again = make_search(tmp_path, islands=2, seed=6)
+    again.rundir = search.rundir
+    again.restore(state)
+    assert again.state()["islands"] == state["islands"]
+    assert again.global_best == state["global_best"]
+    # the random generators continue where they were
+    assert again.islands[0].rng.random() == search.islands[0].rng.random()
+
+
+def test_same_seed_same_search(tmp_path):
+    a, b = make_search(tmp_path / "a", seed=7), make_search(tmp_path / "b", seed=7)
+    advance(a, 6)
+    advance(b, 6)
+    assert a.state()["islands"] == b.state()["islands"]
+
+
+def test_identical_sources_are_evaluated_once(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=8)
+    search.llm_main.inner.variants = False      # only 4 distinct programs exist
+    advance(search, 6)
+    assert search.evaluator.calls <= len(PROGRAMS)
+
+
+def test_token_budget_stops_the_run(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=9, token_budget=1)
+    assert advance(search, 5) == "token budget reached"
+    assert search.round == 1
+
+
+def test_report_is_written(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=10)
+    advance(search, 5)
+    path = run.write_report(search, "all generations done", 12.0)
+    text = path.read_text()
+    assert "Island 0" in text and "Island 1" in text and "| generation |" in text
+    assert (search.rundir.path / "best.py").read_text().startswith("# pacevolve best")
