@@ -87,10 +87,25 @@ class Config:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(
+    ns = _parser().parse_args(argv)
+    return Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
+
+
+def given_options(argv: list[str] | None = None) -> set[str]:
+    """The options the user typed (not defaults): a resumed run keeps its saved configuration."""
+    return set(vars(_parser(argparse.SUPPRESS).parse_args(argv)))
+
+
+def _parser(default=None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(argument_default=default,
         prog="run.py", description="PACEvolve: LLM-driven evolutionary search for faster GPU kernels.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a = p.add_argument
+
+    def a(*names, **kw):
+        if default is argparse.SUPPRESS:
+            kw["default"] = argparse.SUPPRESS   # only what was typed shows up
+        p.add_argument(*names, **kw)
+
     a("--task", default=Config.task,
       help=f"built-in task name ({', '.join(tasks.names())}) or a KernelBench problem file path")
     a("--islands", type=int, default=Config.islands, help="number of islands searching concurrently")
@@ -128,8 +143,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     a("--allow-tf32", action="store_true",
       help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
     a("--quiet", action="store_true", help="no per-generation progress lines")
-    ns = p.parse_args(argv)
-    return Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
+    return p
 
 
 # ----------------------------------------------------------------------------- islands
@@ -685,22 +699,22 @@ def versions(device: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
-        return _main(cfg)
+        return _main(cfg, given_options(argv))
     except SetupError as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
 
 
-def _main(cfg: Config) -> int:
+def _main(cfg: Config, given: set[str] = frozenset()) -> int:
     resumed = None
     if cfg.resume:
         path = Path(cfg.resume)
         if not (path / "checkpoint.json").exists():
             raise SetupError(f"--resume {path}: no checkpoint.json there")
         saved = json.loads((path / "config.json").read_text())["config"]
-        # the search continues as it was configured; only the length and output may change
+        # the search continues as it was configured; only its length, budget and output may change
         keep = {k: v for k, v in dataclasses.asdict(cfg).items()
-                if k in ("generations", "resume", "quiet", "token_budget")}
+                if k == "resume" or (k in given and k in ("generations", "quiet", "token_budget"))}
         cfg = Config(**{**saved, **keep, "out": str(path)})
         resumed = json.loads((path / "checkpoint.json").read_text())
     task = load_task(cfg.task)

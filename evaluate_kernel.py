@@ -1,0 +1,1557 @@
+"""Compile, verify and time a candidate kernel against a KernelBench reference, in isolation.
+
+PACEvolve (paper section 4, "Kernel optimisation" experiments) scores a candidate by its speedup over the
+PyTorch reference of a KernelBench problem. The search optimises whatever number this module returns, so
+the module's job is to make that number honest:
+
+* a static screen rejects code patterns with no honest use in a candidate (RULES, each with its reason);
+* the candidate is built in a subprocess with no GPU (per-source-hash build dir, hard timeout), then run in
+  a fresh subprocess per evaluation (its own process group, hard timeout, scrubbed environment);
+* reference outputs come from a persistent worker that never imports candidate code; it also does every
+  comparison, on tensors loaded with ``weights_only=True``, so the candidate cannot forge a verdict;
+* timing uses CUDA events with a device-wide synchronise before the end event, an L2 flush before every call,
+  fresh input contents every call, spot checks of timed outputs and a host-clock cross-check; the baseline is
+  the reference timed by the same routine on the same GPU, once per GPU.
+
+Left out: profiler proof that custom kernels ran (a pure-PyTorch candidate is legal in KernelBench), clock
+locking, and precision policies other than fp32 / opt-in TF32.
+
+The same file is the worker program: ``python evaluate_kernel.py --worker`` reads one JSON job on stdin.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "invalid", "compile_error", "runtime_error", "incorrect", "timeout", "rejected")
+
+# ======================================================================================================
+# Result type
+# ======================================================================================================
+
+
+@dataclass
+class EvalResult:
+    status: str
+    correct: bool = False
+    runtime_ms: float | None = None
+    baseline_ms: float | None = None
+    speedup: float | None = None  # baseline_ms / runtime_ms
+    message: str = ""  # feedback for the LLM (short, specific)
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EvalResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ======================================================================================================
+# Static screen: rules as data, so messages and docs come from one place
+# ======================================================================================================
+
+RULES: dict[str, str] = {
+    "threads": "no threads, processes or async tasks (work finished after the timer stops is a known cheat)",
+    "subprocess": "no subprocesses, shell commands or sockets",
+    "tensor_subclass": "no tensor subclasses or __torch_function__/__torch_dispatch__ (lazy outputs that "
+                       "compute during the check)",
+    "introspection": "no frame, gc or inspect introspection (it can read the harness's expected outputs)",
+    "native_ffi": "no ctypes/cffi/dlopen (use load_inline for native code)",
+    "patching": "no assignment to attributes of torch/time/builtins/os/sys modules, and no setattr on them "
+                "(patching timers, comparisons or precision flags)",
+    "try_except": "no try/except or contextlib.suppress: a fallback to PyTorch hides a broken kernel",
+    "reference_model": "do not use or subclass the reference class Model; write ModelNew yourself",
+    "persisting_l2": "no persisting-L2 APIs (accessPolicyWindow, hitProp, cudaLimitPersistingL2CacheSize)",
+    "streams": "no CUDA stream creation or stream switching (work on a side stream escapes the timer)",
+    "file_io": "no file I/O (open, os.open/os.read, /proc) and no writes to os.environ",
+    "dynamic_code": "no pickle/marshal/importlib/exec/eval/compile/__import__ (code the screen cannot see)",
+    "harness_access": "do not import or read the evaluator (evaluate_kernel) or its workers",
+}
+
+_MODULE_RULES = {
+    "threading": "threads", "_thread": "threads", "multiprocessing": "threads", "concurrent": "threads",
+    "asyncio": "threads", "subprocess": "subprocess", "socket": "subprocess", "pty": "subprocess",
+    "gc": "introspection", "inspect": "introspection", "traceback": "introspection",
+    "ctypes": "native_ffi", "cffi": "native_ffi", "pickle": "dynamic_code", "marshal": "dynamic_code",
+    "importlib": "dynamic_code", "runpy": "dynamic_code", "evaluate_kernel": "harness_access",
+    "shutil": "file_io", "tempfile": "file_io", "pathlib": "file_io", "io": "file_io", "mmap": "file_io",
+    "linecache": "file_io", "fileinput": "file_io", "codecs": "file_io", "glob": "file_io",
+}
+_CALL_RULES = {
+    "exec": "dynamic_code", "eval": "dynamic_code", "compile": "dynamic_code", "__import__": "dynamic_code",
+    "open": "file_io", "globals": "introspection", "vars": "introspection", "breakpoint": "introspection",
+}
+_ATTR_RULES = {
+    "_getframe": "introspection", "f_back": "introspection", "f_locals": "introspection",
+    "f_globals": "introspection", "get_objects": "introspection", "get_referrers": "introspection",
+    "_make_subclass": "tensor_subclass", "__torch_function__": "tensor_subclass",
+    "__torch_dispatch__": "tensor_subclass", "_make_wrapper_subclass": "tensor_subclass",
+    "system": "subprocess", "popen": "subprocess", "fork": "subprocess", "spawnv": "subprocess",
+    "execv": "subprocess", "Stream": "streams", "ExternalStream": "streams", "stream": "streams",
+    "set_stream": "streams", "putenv": "file_io", "write_bytes": "file_io", "write_text": "file_io",
+    "dup2": "file_io", "gi_frame": "introspection", "cr_frame": "introspection", "ag_frame": "introspection",
+    "tb_frame": "introspection", "tb_next": "introspection", "f_code": "introspection", "gi_code": "introspection",
+    "__traceback__": "introspection", "exc_info": "introspection", "TorchFunctionMode": "tensor_subclass",
+    "TorchDispatchMode": "tensor_subclass", "_push_mode": "tensor_subclass",
+    "_get_current_function_mode_stack": "tensor_subclass", "suppress": "try_except",
+    # getattr by another name: with a computed attribute name they reach frames the rules above name
+    "__getattribute__": "introspection", "attrgetter": "introspection", "methodcaller": "introspection",
+}
+# os-level file access (reading /proc/<ancestor>/environ leaks the parent's API keys, for one).
+_OS_FILE_CALLS = {"open", "read", "write", "fdopen", "listdir", "scandir", "walk", "readlink", "pread", "getppid",
+                  "dup", "dup2", "pipe", "mkfifo", "remove", "unlink", "rename", "chdir", "kill", "killpg"}
+_PATCH_ROOTS = {"torch", "time", "builtins", "os", "sys", "numpy", "math", "F", "nn"}
+# Native code is in string literals; these patterns run over them with C/C++ comments removed.
+_NATIVE_RULES = [
+    ("persisting_l2", r"accessPolicyWindow|hitProp|PersistingL2|cudaLimitPersisting|cudaCtxResetPersisting"),
+    ("streams", r"cudaStreamCreate|cudaStreamCreateWithFlags|cudaStreamCreateWithPriority|getStreamFromPool"
+                r"|cublasSetStream|setCurrentCUDAStream"),
+    ("threads", r"std::thread|std::async|pthread_create|std::jthread|#\s*include\s*<thread>|omp\s+task"),
+    ("subprocess", r"\bsystem\s*\(|\bpopen\s*\(|\bfork\s*\(|\bexec[lv]p?e?\s*\("),
+    ("file_io", r"\bfopen\s*\(|std::[io]?fstream|\bopen\s*\(\s*\"|/proc/|\bsetenv\s*\("),
+    ("native_ffi", r"\bdlopen\s*\(|\bdlsym\s*\("),
+    ("introspection", r"PyEval_GetFrame|PyGC_|PyImport_ImportModule|PyRun_"),
+]
+
+
+@dataclass
+class ScreenVerdict:
+    status: str  # "ok", "invalid" or "rejected"
+    message: str = ""
+    rule: str = ""
+    line: int = 0
+
+
+def _strip_c_comments(text: str) -> str:
+    # Keep newlines so line offsets inside the string stay right.
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
+    """(rule, line, detail) for every rule broken in the Python syntax tree and its string literals."""
+    out: list[tuple[str, int, str]] = []
+    module_alias = {name: name for name in _PATCH_ROOTS}
+    # Docstrings are prose, never passed to load_inline: native-code patterns skip them.
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for full in names:
+                root = full.split(".")[0]
+                if root in _MODULE_RULES:
+                    out.append((_MODULE_RULES[root], node.lineno, f"import {full}"))
+            for a in node.names:
+                root = (a.name if isinstance(node, ast.Import) else (node.module or "")).split(".")[0]
+                if root in _PATCH_ROOTS or root == "torch":
+                    module_alias[a.asname or a.name.split(".")[0]] = root
+                if isinstance(node, ast.ImportFrom) and a.name in _ATTR_RULES:
+                    out.append((_ATTR_RULES[a.name], node.lineno, f"from {node.module} import {a.name}"))
+                if isinstance(node, ast.ImportFrom) and a.name in _CALL_RULES:
+                    out.append((_CALL_RULES[a.name], node.lineno, f"from {node.module} import {a.name}"))
+                if isinstance(node, ast.ImportFrom) and node.module in ("os", "posix") and a.name in _OS_FILE_CALLS:
+                    out.append(("file_io", node.lineno, f"from {node.module} import {a.name}"))
+        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            out.append(("try_except", node.lineno, "try/except"))
+        elif isinstance(node, ast.Name) and node.id == "Model":
+            out.append(("reference_model", node.lineno, "Model"))
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if _dotted(base).split(".")[-1] in ("Tensor", "Model"):
+                    rule = "tensor_subclass" if _dotted(base).endswith("Tensor") else "reference_model"
+                    out.append((rule, node.lineno, f"class {node.name}({_dotted(base)})"))
+        elif isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name.count(".") == 1 and name.split(".")[0] in ("os", "posix") and name.split(".")[1] in _OS_FILE_CALLS:
+                out.append(("file_io", node.lineno, f"{name}(...)"))
+            if name in _CALL_RULES:
+                out.append((_CALL_RULES[name], node.lineno, f"{name}(...)"))
+            if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2 \
+                    and not isinstance(node.args[1], (ast.Constant, ast.JoinedStr)):
+                # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames).
+                out.append(("introspection", node.lineno, f"{name} with a computed attribute name"))
+            if name in ("setattr", "delattr") and node.args and _dotted(node.args[0]).split(".")[0] in module_alias:
+                out.append(("patching", node.lineno, f"{name}({_dotted(node.args[0])}, ...)"))
+        elif isinstance(node, ast.Attribute):
+            if node.attr in _ATTR_RULES:
+                out.append((_ATTR_RULES[node.attr], node.lineno, _dotted(node) or node.attr))
+            if _dotted(node) == "sys.modules":
+                out.append(("introspection", node.lineno, "sys.modules"))
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in targets:
+                base = t.value if isinstance(t, ast.Subscript) else t
+                dotted = _dotted(base)
+                if isinstance(base, ast.Attribute) and dotted.split(".")[0] in module_alias:
+                    rule = "file_io" if dotted.endswith("environ") else "patching"
+                    out.append((rule, node.lineno, f"assignment to {dotted}"))
+        if isinstance(node, ast.Call) and _dotted(node.func).endswith("environ.update"):
+            out.append(("file_io", node.lineno, "os.environ.update"))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 3 \
+                and id(node) not in docstrings:
+            text = _strip_c_comments(node.value)
+            for rule, pattern in _NATIVE_RULES:
+                m = re.search(pattern, text)
+                if m:
+                    out.append((rule, node.lineno + text[: m.start()].count("\n"), m.group(0)))
+    return sorted(out, key=lambda f: f[1])
+
+
+def screen(src: str) -> ScreenVerdict:
+    """Static screen before any build: syntax, a ModelNew class, and the RULES."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError as e:
+        return ScreenVerdict("invalid", f"SyntaxError at line {e.lineno}: {e.msg}", line=e.lineno or 0)
+    defined = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if "ModelNew" not in defined:
+        return ScreenVerdict("invalid", "no top-level `class ModelNew` found; define ModelNew(nn.Module) with "
+                                        "the same constructor and forward signature as the reference Model")
+    found = _findings(tree)
+    if not found:
+        return ScreenVerdict("ok")
+    rule, line, detail = found[0]
+    lines = src.splitlines()
+    code = lines[line - 1].strip() if 0 < line <= len(lines) else detail
+    return ScreenVerdict("rejected", f"rejected by rule '{rule}' ({RULES[rule]}) at line {line}: {code[:160]}",
+                         rule=rule, line=line)
+
+
+def rules_markdown() -> str:
+    return "\n".join(f"- `{rule}`: {why}" for rule, why in RULES.items())
+
+
+# ======================================================================================================
+# Build flags, environment, compiler messages
+# ======================================================================================================
+
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+
+
+def scrubbed_env(**extra: str) -> dict[str, str]:
+    """The parent's environment minus anything that looks like a credential."""
+    env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
+    env.update({"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"})
+    env.update(extra)
+    return env
+
+
+def arch_list_for(capability: tuple[int, int]) -> str:
+    # Build SASS only for the GPU present, no PTX: one device pass less, nothing to JIT at load time.
+    # sm_90 becomes 9.0a so Hopper-only instructions (wgmma, TMA, setmaxnreg) are available to candidates;
+    # 9.0a SASS runs exactly on the sm_90 part we time on, so nothing is lost.
+    major, minor = capability
+    return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
+_ERROR_LINE = re.compile(r"^(?P<file>[^\s:]+\.(?:cpp|cu|cuh|h)):(?P<line>\d+)(?::\d+)?:?\s*(?:\(\d+\))?:?\s*"
+                         r"(?P<kind>fatal error|error)\b[: ]*(?P<msg>.*)$")
+
+
+def trim_compiler_output(log: str, candidate_src: str, max_errors: int = 3) -> str:
+    """The first compiler errors, each mapped to the candidate's own line where the code text matches."""
+    src_lines = candidate_src.splitlines()
+    lines = log.splitlines()
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        m = _ERROR_LINE.match(line.strip())
+        if not m and " error" not in line.lower():
+            continue
+        if not m:
+            if re.search(r"\berror\b", line) and not line.startswith(("FAILED", "ninja", "subprocess")) and len(picked) < max_errors:
+                picked.append(line.strip()[:300])
+            continue
+        where = f"{os.path.basename(m.group('file'))}:{m.group('line')}"
+        snippet = ""
+        for follow in lines[i + 1: i + 4]:  # gcc prints "  12 |   code"; nvcc prints the code line itself
+            code = follow.split("|", 1)[1] if "|" in follow else follow
+            code = code.strip()
+            if code and not code.startswith("^") and not _ERROR_LINE.match(follow.strip()):
+                snippet = code
+                break
+        cand_line = next((n + 1 for n, s in enumerate(src_lines) if snippet and snippet in s), None)
+        loc = f"candidate line {cand_line} ({where})" if cand_line else where
+        picked.append(f"{loc}: {m.group('kind')}: {m.group('msg').strip()}" + (f"  `{snippet[:120]}`" if snippet else ""))
+        if len(picked) >= max_errors:
+            break
+    if not picked:
+        tail = [l for l in lines if l.strip()][-8:]
+        return "\n".join(tail)[-1500:]
+    return "\n".join(picked)
+
+
+def source_hash(src: str) -> str:
+    return hashlib.sha256(src.encode()).hexdigest()
+
+
+# ======================================================================================================
+# Worker protocol (parent side): one JSON job on stdin; messages on a dedicated pipe, each with the nonce
+# ======================================================================================================
+
+
+class _Worker:
+    """A subprocess running this file with --worker: own process group, scrubbed env, stdout to a log.
+
+    Results travel on a private pipe, never on stdout, and every message must carry the job's nonce, so text
+    the candidate prints cannot pose as a result (it goes to the log only).
+    """
+
+    def __init__(self, env: dict[str, str], log_path: str, warm: bool = False):
+        r, w = os.pipe()
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", str(w)] + (["warm"] if warm else []),
+            stdin=subprocess.PIPE,
+            stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,), env=env, start_new_session=True)
+        os.close(w)
+        self._rfd = r
+        self._buf = b""
+        self.nonce = secrets.token_hex(16)
+
+    def send(self, msg: dict) -> None:
+        msg = dict(msg, nonce=self.nonce)
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> dict:
+        """The next message with our nonce. Raises TimeoutError or EOFError (worker gone)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict) and msg.get("nonce") == self.nonce:
+                    return msg
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self._rfd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self._rfd, 1 << 20)
+                if not chunk:
+                    raise EOFError
+                self._buf += chunk
+                if len(self._buf) > 64 << 20:
+                    raise EOFError  # a flood on the result pipe is not a result
+
+    def death(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the process stopped answering"
+        if rc < 0:
+            return f"the process died with signal {signal.Signals(-rc).name}"
+        return f"the process exited with code {rc} before reporting a result"
+
+    def log_tail(self, n: int = 1500) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the whole group: compilers, stray children
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        for closer in (self.proc.stdin.close, self._log.close, lambda: os.close(self._rfd)):
+            try:
+                closer()
+            except OSError:
+                pass
+
+
+# ======================================================================================================
+# Worker side: shared helpers (run inside subprocesses; torch imported lazily)
+# ======================================================================================================
+
+
+def _set_seed(seed: int) -> None:
+    import torch
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def _exec_source(src: str, filename: str) -> dict:
+    """Run a source as a real module (registered in sys.modules: dataclasses and pickling look it up)."""
+    import types
+    module = types.ModuleType(f"pacevolve_{filename.strip('<>')}")
+    sys.modules[module.__name__] = module
+    exec(compile(src, filename, "exec"), module.__dict__)  # noqa: S102 - the harness, not the candidate
+    return module.__dict__
+
+
+def _install_build_defaults(cfg: dict) -> dict:
+    """Wrap load_inline so every candidate build gets our build directory, flags and precompiled header.
+
+    Candidates write ordinary load_inline calls; the wrapper only adds flags and records failures, so a
+    failed build is reported as compile_error and everything else the module does is left to the run.
+    """
+    from torch.utils import cpp_extension as ce
+    record: dict[str, Any] = {"calls": 0, "error": None}
+    original = ce.load_inline
+    pch_ok = cfg.get("use_pch") and hasattr(ce, "_check_and_build_extension_h_precompiler_headers")
+
+    def load_inline(*args, **kw):
+        record["calls"] += 1
+        kw.pop("build_directory", None)  # builds stay inside the per-source directory
+        kw["verbose"] = True  # the compiler output goes to the worker log for the trimmed message
+        user_cflags = list(kw.get("extra_cflags") or [])
+        kw["extra_cflags"] = list(cfg.get("cflags", [])) + user_cflags
+        kw["extra_cuda_cflags"] = list(cfg.get("cuda_cflags", [])) + list(kw.get("extra_cuda_cflags") or [])
+        if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
+            _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
+            kw["use_pch"] = True
+        try:
+            return original(*args, **kw)
+        except BaseException as e:
+            record["error"] = f"{type(e).__name__}: {e}"
+            raise
+
+    if pch_ok:
+        # torch deletes the shared header when use_pch=False; builds that opt out must not break others.
+        ce.remove_extension_h_precompiler_headers = lambda: None
+    ce.load_inline = load_inline
+    return record
+
+
+def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
+    # The precompiled torch/extension.h lives inside torch's install dir and is shared: build it under a
+    # file lock so concurrent builders never read a half-written header.
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ce._check_and_build_extension_h_precompiler_headers(cflags, None)
+
+
+class _Guard:
+    """Identity of timing/comparison functions and thread counts, captured before the candidate is imported.
+
+    Covers monkey-patched timers or comparisons (hack 6) and background threads finishing work after the
+    timer stops (hack 4).
+    """
+
+    def __init__(self):
+        import torch
+        self._targets = {
+            "torch.cuda.Event.record": (torch.cuda.Event, "record"),
+            "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
+            "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
+            "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+            "torch.cuda.Event": (torch.cuda, "Event"),
+            "time.perf_counter": (time, "perf_counter"),
+            "time.monotonic": (time, "monotonic"),
+            "torch.allclose": (torch, "allclose"),
+            "torch.save": (torch, "save"),
+            "torch.Tensor.cpu": (torch.Tensor, "cpu"),
+            "torch.Tensor.__eq__": (torch.Tensor, "__eq__"),
+            "torch.Tensor.clone": (torch.Tensor, "clone"),
+            "json.dumps": (json, "dumps"),
+            "os.write": (os, "write"),
+        }
+        self._ids = {k: id(getattr(obj, attr)) for k, (obj, attr) in self._targets.items()}
+        self.py_threads = threading.active_count()
+        self.os_threads = self._os_threads()
+
+    @staticmethod
+    def _os_threads() -> int:
+        try:
+            return len(os.listdir("/proc/self/task"))
+        except OSError:
+            return threading.active_count()
+
+    def problems(self, when: str) -> list[str]:
+        import torch
+        out = [f"{k} was replaced ({when})" for k, (obj, attr) in self._targets.items()
+               if id(getattr(obj, attr, None)) != self._ids[k]]
+        # A torch function/dispatch mode left active intercepts every op, our checks included (hack 5).
+        for probe in ("_len_torch_function_stack", "_len_torch_dispatch_stack"):
+            if getattr(torch._C, probe, lambda: 0)() > 0:
+                out.append(f"a torch function/dispatch mode is active ({when})")
+        if threading.active_count() > self.py_threads:
+            out.append(f"Python thread count grew {self.py_threads} -> {threading.active_count()} ({when})")
+        if self._os_threads() > self.os_threads:
+            out.append(f"OS thread count grew {self.os_threads} -> {self._os_threads()} ({when})")
+        return out
+
+
+def _flat(out: Any) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
+    """Inputs for one trial: the task's own get_inputs() under a fresh seed, then a distribution transform.
+
+    Transforms run on CPU, so the reference worker and the candidate process build bit-identical inputs.
+    Scaled, negated, zero-mean and per-sample inputs expose shortcuts tuned to all-positive i.i.d. data
+    (hacks 8, 11, 12, 14); the seeds are drawn per evaluation, unknown when the candidate was written.
+    """
+    import torch
+    _set_seed(spec["seed"])
+    xs = list(ref_ns["get_inputs"]())
+    gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    out = []
+    for x in xs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = _transform(x, spec["dist"], gen)
+        out.append(x.to(device) if isinstance(x, torch.Tensor) else x)
+    return out
+
+
+def _transform(x, dist: str, gen):
+    import torch
+    if dist == "scaled":
+        return x * 3.0
+    if dist == "negated":
+        return -x
+    if dist == "zero_mean":
+        return x - x.mean()
+    if dist == "per_sample" and x.dim() >= 1:
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+        scale = torch.rand(shape, generator=gen, dtype=x.dtype) * 1.5 + 0.5
+        offset = torch.randn(shape, generator=gen, dtype=x.dtype)
+        return x * scale + offset
+    return x
+
+
+def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device, dtype_names: list | None = None):
+    """KernelBench order: seed, get_init_inputs(), seed, construct; optionally perturb small parameters.
+
+    Re-seeded weights plus perturbed biases/affine parameters (by name, the same delta in both processes)
+    stop shortcuts tuned to seed-42 weights or to GroupNorm's weight=1, bias=0 (hack 18).
+    """
+    import torch
+    _set_seed(weight_seed)
+    init = ref_ns["get_init_inputs"]()
+    _set_seed(weight_seed)
+    with torch.no_grad():
+        model = cls(*init)
+    names = []
+    if perturb:
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters()):
+                if p.dim() <= 1:
+                    seed = int(hashlib.sha256(f"{weight_seed}:{name}".encode()).hexdigest()[:8], 16)
+                    g = torch.Generator().manual_seed(seed)
+                    p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+                    names.append(name)
+    return model.to(device), names
+
+
+def _inputs_unchanged(xs: list, pristine: list) -> bool:
+    """Bit-exact comparison with a pristine copy, on the device (a hash of GBs on the host is too slow)."""
+    import torch
+    for x, p in zip(xs, pristine):
+        if isinstance(x, torch.Tensor):
+            if x.shape != p.shape or x.dtype != p.dtype:
+                return False
+            a, b = x.detach().reshape(-1), p.reshape(-1)
+            if a.is_floating_point():  # compare bits, so NaN == NaN and -0.0 != 0.0
+                a, b = a.view(_int_view(a)), b.view(_int_view(b))
+            if not torch.equal(a, b):
+                return False
+        elif x != p:
+            return False
+    return True
+
+
+def _int_view(t):
+    import torch
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+
+
+def _clone_inputs(xs: list) -> list:
+    import torch
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _poison(device, nbytes: int) -> None:
+    """Hand the allocator's free memory back full of NaN (hack 1: outputs left in stale memory).
+
+    empty_cache() returns cached blocks; a large NaN-filled allocation then overwrites what the caching
+    allocator will hand out next, so an unwritten output reads as NaN and fails the finiteness check.
+    """
+    import torch
+    if device.type != "cuda":
+        return
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    n = max(1, min(nbytes, int(free * 0.5)) // 4)
+    buf = torch.empty(n, dtype=torch.float32, device=device)
+    buf.fill_(float("nan"))
+    del buf
+    torch.cuda.synchronize()
+
+
+def _check_outputs(out: Any, device) -> tuple[list | None, str]:
+    """Plain tensors with real storage on the expected device (hack 5: lazy tensor subclasses)."""
+    import torch
+    tensors = []
+    for i, o in enumerate(_flat(out)):
+        if type(o) is not torch.Tensor:
+            return None, f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"
+        if o.numel() and o.untyped_storage().size() == 0:
+            return None, f"output {i} has no storage"
+        if o.device.type != device.type:
+            return None, f"output {i} is on {o.device}, expected {device.type}"
+        tensors.append(o.detach().clone().cpu())
+    return tensors, ""
+
+
+def _short_traceback(exc: BaseException) -> str:
+    """The exception plus the candidate's own frames (file "<candidate>"), for the LLM."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<candidate>"]
+    where = "; ".join(f"candidate line {f.lineno} in {f.name}: {(f.line or '').strip()[:100]}" for f in frames[-3:])
+    text = f"{type(exc).__name__}: {str(exc).strip()[:700]}"
+    return text + (f" [{where}]" if where else "")
+
+
+# ======================================================================================================
+# Worker side: roles
+# ======================================================================================================
+
+
+def _role_build(job: dict, send) -> None:
+    """Exec the candidate with no GPU visible, so its load_inline builds land in the per-source directory."""
+    record = _install_build_defaults(job["build"])
+    t0 = time.perf_counter()
+    try:
+        ns = _exec_source(job["candidate_src"], "<candidate>")
+        ok = "ModelNew" in ns
+        send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"]})
+    except BaseException as e:  # noqa: BLE001 - any failure is reported, never raised
+        if record["error"]:
+            send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0})
+        else:  # module-level code that needs the GPU fails here; the run reports it properly
+            send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": True,
+                  "deferred_error": _short_traceback(e), "calls": record["calls"]})
+
+
+def _role_run(job: dict, send, recv) -> None:
+    """The candidate process (also used for the baseline with the reference Model). Used once."""
+    import torch
+    device = torch.device(job["device"])
+    _setup_torch(job, device)
+    # Warm the libraries before the guard snapshot, so their own helper threads are not blamed on the candidate.
+    a = torch.randn(64, 64, device=device)
+    (a @ a).sum().item()
+    torch.nn.functional.conv2d(a.view(1, 1, 64, 64), a[:3, :3].reshape(1, 1, 3, 3)).sum().item()
+    _reset_persisting_l2(device)
+    guard = _Guard()
+    ref_ns = _exec_source(job["reference_src"], "<reference>")
+    flags: list[str] = []
+    t0 = time.perf_counter()
+    try:
+        if job["mode"] == "baseline":
+            cls = ref_ns["Model"]
+        else:
+            _install_build_defaults(job["build"])
+            cls = _exec_source(job["candidate_src"], "<candidate>")["ModelNew"]
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "import", "error": _short_traceback(e)})
+        return
+    flags += guard.problems("after import")
+    load_s = time.perf_counter() - t0
+
+    outputs, cand_names, t_check = [], [], time.perf_counter()
+    models: dict[tuple, Any] = {}
+    try:
+        for k, spec in enumerate(job["trials"]):
+            key = (spec["weight_seed"], spec["perturb"])
+            if key not in models:
+                models[key] = _build_model(cls, ref_ns, spec["weight_seed"], spec["perturb"], device)
+                if spec["perturb"]:
+                    cand_names = models[key][1]
+            model = models[key][0]
+            xs = _make_inputs(ref_ns, spec, device)
+            pristine = _clone_inputs(xs)
+            _poison(device, job["poison_bytes"])
+            with torch.no_grad():
+                out = model(*xs)
+            _sync(device)
+            # Hack 2: the candidate must not rewrite its inputs (it runs on its own copies anyway).
+            if not _inputs_unchanged(xs, pristine):
+                flags.append(f"inputs were modified in place (trial {k})")
+            tensors, problem = _check_outputs(out, device)
+            if tensors is None:
+                send({"kind": "rejected", "error": problem, "flags": flags})
+                return
+            outputs.append(tensors)
+            flags += guard.problems(f"after trial {k}")
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "forward", "error": _short_traceback(e), "flags": flags})
+        return
+    path = os.path.join(job["work_dir"], "trials.pt")
+    torch.save({"outputs": outputs}, path)
+    send({"kind": "outputs", "path": path, "names": cand_names, "flags": flags, "load_s": load_s,
+          "check_s": time.perf_counter() - t_check})
+    if recv().get("cmd") != "time":
+        return
+    try:
+        timing = _time_model(models[(job["trials"][0]["weight_seed"], False)][0], ref_ns, job, device)
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "timing", "error": _short_traceback(e), "flags": flags})
+        return
+    flags += guard.problems("after timing")
+    send(dict(timing, kind="timed", flags=flags))
+
+
+def _setup_torch(job: dict, device) -> None:
+    import torch
+    torch.set_num_threads(job["cpu_threads"])
+    # The precision policy is pinned here, not left to defaults (cuDNN convolutions default to TF32).
+    tf32 = bool(job["allow_tf32"])
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def _reset_persisting_l2(device) -> None:
+    # Hack 15: lines marked persisting survive an L2 flush; with a zero persisting limit none can exist.
+    # The screen rejects the APIs; this reset covers anything set before (torch has no public setter).
+    if device.type != "cuda":
+        return
+    import ctypes
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(0))  # cudaLimitPersistingL2CacheSize
+        return
+
+
+def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
+    """Median of many calls, each on fresh input contents, L2 flushed, stop after a device-wide sync."""
+    import torch
+    t = job["timing"]
+    bases = [_make_inputs(ref_ns, spec, device) for spec in t["input_specs"]]
+    # Hack 7 (caching by pointer or fingerprint): >= 2 buffer sets kept alive (pointers alternate) and
+    # refilled before every call with a base set times a fresh random scale, so no two calls see the same data.
+    bufs = [_clone_inputs(bases[i % len(bases)]) for i in range(2)]
+    flush = torch.empty(t["flush_bytes"] // 4, dtype=torch.float32, device=device) if device.type == "cuda" else None
+    rng = __import__("random").Random(t["seed"])
+    plan = [(rng.randrange(len(bases)), 1.0 + rng.uniform(-0.05, 0.05)) for _ in range(t["iters"])]
+    verify = set(t["verify"])
+
+    def refill(buf, base, scale):
+        for b, x in zip(buf, base):
+            if isinstance(b, torch.Tensor):
+                b.copy_(x)
+                if b.is_floating_point():
+                    b.mul_(scale)
+
+    samples, checked = [], []
+    with torch.no_grad():
+        # Warm-up: at least `warmup` calls and `warmup_ms` of work, so clocks and caches reach steady state.
+        t_end, i = time.perf_counter() + t["warmup_ms"] / 1e3, 0
+        while i < t["warmup"] or time.perf_counter() < t_end:
+            refill(bufs[i % 2], bases[0], 1.0)
+            if flush is not None:
+                flush.fill_(0.0)
+            model(*bufs[i % 2])
+            _sync(device)
+            i += 1
+        for i, (d, scale) in enumerate(plan):
+            buf = bufs[i % 2]
+            refill(buf, bases[d], scale)
+            if flush is not None:
+                flush.fill_(float(i))  # L2 flush: >= 2x the L2 size, outside the timed window
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = model(*buf)
+                # Hacks 3/4: a device-wide sync before the end event, so side-stream work is inside the window.
+                torch.cuda.synchronize()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                out = model(*buf)
+                samples.append((time.perf_counter() - t0) * 1e3)
+            if i in verify:
+                tensors, problem = _check_outputs(out, device)
+                if tensors is None:
+                    raise RuntimeError(f"timed call {i}: {problem}")
+                checked.append({"iter": i, "base": d, "scale": scale, "out": tensors})
+            del out
+    path = os.path.join(job["work_dir"], "timed.pt")
+    torch.save({"checked": [c["out"] for c in checked]}, path)
+    host = _host_phase(model, bufs, device, t)
+    with torch.no_grad():
+        out_bytes = sum(o.numel() * o.element_size() for o in _flat(model(*bufs[0])) if isinstance(o, torch.Tensor))
+    in_bytes = sum(x.numel() * x.element_size() for x in bases[0] if isinstance(x, torch.Tensor))
+    return {"samples": samples, "verify": [{k: c[k] for k in ("iter", "base", "scale")} for c in checked],
+            "path": path, "io_bytes": in_bytes + out_bytes, **host}
+
+
+def _host_phase(model, bufs, device, t: dict) -> dict:
+    """N back-to-back calls ending in one sync, bracketed by messages the parent timestamps itself."""
+    import torch
+    send, n = t["_send"], t["host_calls"]
+    with torch.no_grad():
+        for _ in range(t["host_rounds"]):  # the parent keeps the fastest round: load only ever slows a round
+            _sync(device)
+            send({"kind": "host_start"})
+            for i in range(n):
+                model(*bufs[i % 2])
+            _sync(device)
+            send({"kind": "host_end"})
+    return {"host_calls": n}
+
+
+def _role_ref(job: dict, send, recv) -> None:
+    """Persistent reference worker: device info, reference outputs and every comparison. Never sees candidates."""
+    import torch
+    device = torch.device(job["device"])
+    _setup_torch(job, device)
+    ref_ns = _exec_source(job["reference_src"], "<reference>")
+    models: dict[tuple, Any] = {(42, False): _build_model(ref_ns["Model"], ref_ns, 42, False, device)[0]}
+    send({"kind": "ready", "ref_names": _small_param_names(models), **_device_info(device)})
+    while True:
+        req = recv()
+        if req.get("cmd") == "quit":
+            return
+        try:
+            send(_ref_request(req, ref_ns, models, device))
+        except BaseException as e:  # noqa: BLE001
+            send({"kind": "error", "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _ref_request(req: dict, ref_ns: dict, models: dict, device) -> dict:
+    import torch
+    loaded = torch.load(req["path"], map_location="cpu", weights_only=True)  # tensors only: nothing executes
+    if not isinstance(loaded, dict):
+        raise ValueError("output file is not a dict")
+    results = []
+    produced = loaded.get(req["field"], [])
+    for item in req["items"]:
+        if item["index"] >= len(produced):
+            raise ValueError("fewer outputs than trials")
+        outs, spec = produced[item["index"]], item["spec"]
+        perturb = spec["perturb"] and item.get("names_match", False)
+        key = (spec["weight_seed"], perturb)
+        if key not in models:
+            models.clear()  # keep at most one set of weights resident
+            models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], perturb, device)[0]
+        xs = _make_inputs(ref_ns, spec, device)
+        if item.get("scale", 1.0) != 1.0:
+            xs = [x * item["scale"] if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
+        with torch.no_grad():
+            ref = [r.detach() for r in _flat(models[key](*xs))]
+        results.append(compare_outputs(outs, ref, req["rtol"], req["atol"], req["l2_tol"]))
+    return {"kind": "compared", "results": results, "ref_names": _small_param_names(models)}
+
+
+def _small_param_names(models: dict) -> list[str]:
+    for model in models.values():
+        return sorted(n for n, p in model.named_parameters() if p.dim() <= 1)
+    return []
+
+
+def _device_info(device) -> dict:
+    import torch
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device_name": "cpu"}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(device_name=p.name, capability=[p.major, p.minor], total_mem=p.total_memory,
+                    l2_bytes=getattr(p, "L2_cache_size", 50 << 20), sms=p.multi_processor_count,
+                    cudnn=torch.backends.cudnn.version())
+    return info
+
+
+def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: float) -> dict:
+    """Elementwise |out-ref| <= rtol*|ref| + atol*RMS(ref) and ||out-ref||/||ref|| <= l2_tol, per output.
+
+    The absolute term scales with the output's RMS: honest kernels with another summation order differ
+    most where outputs are near zero, while degenerate outputs (zeros for a softmax, hack 13) fail the
+    relative-L2 bound regardless of how small the outputs are.
+    """
+    import torch
+    if len(outs) != len(refs):
+        return {"ok": False, "reason": f"{len(outs)} outputs, expected {len(refs)}"}
+    worst: dict = {"ok": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "rel_l2": 0.0}
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(o, torch.Tensor) or type(o) is not torch.Tensor:
+            return {"ok": False, "reason": f"output {i} is not a tensor"}
+        if tuple(o.shape) != tuple(r.shape):
+            return {"ok": False, "reason": f"output {i} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"}
+        if o.dtype != r.dtype:
+            return {"ok": False, "reason": f"output {i} has dtype {o.dtype}, expected {r.dtype}"}
+        o = o.to(r.device)
+        if not torch.isfinite(o).all() and torch.isfinite(r).all():
+            bad = (~torch.isfinite(o)).nonzero()[0].tolist()
+            return {"ok": False, "reason": f"output {i} has non-finite values (first at index {bad})"}
+        if o.numel() == 0:
+            continue
+        of, rf = o.double(), r.double()
+        diff = (of - rf).abs().nan_to_num(0.0)
+        rms = rf.pow(2).mean().sqrt().item()
+        bound = rtol * rf.abs() + atol * rms
+        ref_norm = rf.norm().item()
+        rel_l2 = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
+        excess = diff - bound
+        j = int(excess.argmax())
+        idx = list(torch.unravel_index(torch.tensor(j), o.shape)) if o.dim() else []
+        worst["max_abs_err"] = max(worst["max_abs_err"], diff.max().item())
+        worst["max_rel_err"] = max(worst["max_rel_err"], (diff / rf.abs().clamp_min(1e-12)).max().item())
+        worst["rel_l2"] = max(worst["rel_l2"], rel_l2)
+        elem_ok, l2_ok = excess.view(-1)[j].item() <= 0, rel_l2 <= l2_tol
+        if not (elem_ok and l2_ok) and worst["ok"]:
+            why = [] if elem_ok else [f"elementwise bound rtol*|ref|+atol*RMS(ref) exceeded"]
+            why += [] if l2_ok else [f"relative L2 error {rel_l2:.3g} > {l2_tol:.3g}"]
+            worst.update(ok=False, reason=f"output {i}: " + "; ".join(why) +
+                         f"; worst at index {[int(v) for v in idx]}: got {of.view(-1)[j].item():.6g}, "
+                         f"expected {rf.view(-1)[j].item():.6g} (abs err {diff.view(-1)[j].item():.3g}, "
+                         f"RMS(ref) {rms:.3g})")
+    return worst
+
+
+def _worker_main() -> None:
+    fd = int(sys.argv[2])
+    chan = os.fdopen(fd, "wb", buffering=0)
+    nonce_box: dict = {}
+
+    def send(msg: dict) -> None:
+        chan.write((json.dumps(dict(msg, nonce=nonce_box["n"])) + "\n").encode())
+
+    def recv() -> dict:
+        line = sys.stdin.readline()
+        return json.loads(line) if line else {"cmd": "quit"}
+
+    if sys.argv[3:] == ["warm"]:
+        # A spare runner: pay for the torch import while waiting for a job. CUDA is initialised only when
+        # the job arrives, so a spare starting up never disturbs a timing in progress on its GPU.
+        import torch  # noqa: F401
+        import torch.utils.cpp_extension  # noqa: F401
+    job = recv()
+    nonce_box["n"] = job.pop("nonce", "")
+    if job.get("cpus"):
+        os.sched_setaffinity(0, job["cpus"])  # inherited by compilers the candidate's build starts
+    os.environ.update(job.get("env", {}))  # build dir and arch list of this candidate
+    if job.get("timing"):
+        job["timing"]["_send"] = send
+    role = job["role"]
+    if role == "build":
+        _role_build(job, send)
+    elif role == "run":
+        _role_run(job, send, recv)
+    elif role == "ref":
+        _role_ref(job, send, recv)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks or finalizers must not run late
+
+
+# ======================================================================================================
+# Evaluator (parent side)
+# ======================================================================================================
+
+# Upper bounds of what the hardware can do (a runtime below them is physically impossible).
+_PEAKS = {"H100": (3.9e12, 1.0e15), "H200": (5.2e12, 1.0e15), "A100": (2.1e12, 3.2e14), "B200": (8.5e12, 2.5e15)}
+_DISTS = ("own", "own", "scaled", "negated", "zero_mean", "per_sample")
+
+
+@dataclass
+class Options:
+    trials: int = 7  # correctness input sets; the last one re-seeds and perturbs the weights
+    build_timeout_s: float = 600.0
+    run_timeout_s: float = 300.0
+    warmup: int = 5
+    warmup_ms: float = 100.0  # and at least this much warm-up work (GPU clocks ramp up)
+    warm_runners: bool = True  # keep one pre-started runner per device
+    pin_cpus: bool = True  # a reserved core per device runner when there are enough cores
+    timing_iters: int = 100
+    verify_calls: int = 3  # timed calls whose outputs are checked against the reference
+    host_calls: int = 10
+    host_rounds: int = 3
+    host_ratio: float = 3.0  # reject if event median * host_ratio < host per-call time ...
+    host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
+    max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
+    allow_tf32: bool = False
+    cpu_threads: int = 1
+    max_jobs: int | None = None
+    build_workers: int | None = None
+    use_pch: bool = True
+    flush_bytes: int = 256 << 20
+    poison_bytes: int = 1 << 30
+    peak_bytes_per_s: float | None = None
+    peak_flops: float | None = None
+
+
+class _Device:
+    """One timing slot: a GPU (or the CPU), its reference worker, its lock and its cached baseline."""
+
+    def __init__(self, ev: "Evaluator", index: int):
+        self.index = index
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.baseline: dict | None = None
+        self.ev = ev
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        ids = [v for v in visible.split(",") if v.strip()] if visible else []
+        self.physical = ids[index] if index < len(ids) else str(index)
+        self.ref: _Worker | None = None
+        self.ref_lock = threading.Lock()
+        self.info = self._start_ref()
+        self.spare: _Worker | None = None
+        self.refill()
+
+    def refill(self) -> None:
+        """Start the next runner now (torch imported while we wait), so an evaluation skips the start-up."""
+        if self.ev.opts.warm_runners and not self.ev._closed:
+            self.spare = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"),
+                                 warm=True)
+
+    def take_runner(self) -> _Worker:
+        w, self.spare = self.spare, None
+        if w is None or w.proc.poll() is not None:
+            if w is not None:
+                w.kill()
+            w = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"))
+        return w
+
+    def env(self) -> dict[str, str]:
+        extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
+        return self.ev._env(**extra)
+
+    def _start_ref(self) -> dict:
+        self.ref = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"ref-{self.index}.log"))
+        self.ref.send(self.ev._job("ref", device=self.ev._torch_device(), cpus=self.ev._other_cpus))
+        try:
+            return self.ref.recv(timeout=300)
+        except (TimeoutError, EOFError) as e:
+            raise RuntimeError(f"reference worker failed to start ({e!r}): {self.ref.log_tail()}") from None
+
+    def ref_call(self, req: dict) -> dict:
+        with self.ref_lock:
+            if self.ref is None or self.ref.proc.poll() is not None:
+                self._start_ref()
+            self.ref.send(req)
+            try:
+                return self.ref.recv(timeout=self.ev.opts.run_timeout_s)
+            except (TimeoutError, EOFError):
+                self.ref.kill()
+                self.ref = None
+                raise RuntimeError("reference worker died") from None
+
+    @property
+    def gpu_lock_path(self) -> str:
+        # An fcntl lock per physical GPU, so two evaluator processes on one machine also take turns.
+        return os.path.join(tempfile.gettempdir(), f"pacevolve-{self.ev.device}{self.physical}.lock")
+
+
+class Evaluator:
+    """One per task: thread-safe; caches baselines per device; owns the reference workers."""
+
+    def __init__(self, reference_src: str, *, device: str = "cuda", gpus: list[int] | None = None,
+                 rtol: float = 1e-4, atol: float = 1e-4, l2_tol: float = 1e-5, flops: float = 0.0,
+                 cache_dir: str | None = None, **options):
+        unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
+        if unknown:
+            raise TypeError(f"unknown options: {sorted(unknown)}")
+        self.reference_src, self.device, self.flops = reference_src, device, flops
+        self.opts = Options(**options)
+        if self.opts.allow_tf32:  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
+            rtol, atol, l2_tol = max(rtol, 5e-3), max(atol, 5e-3), max(l2_tol, 1e-3)
+        self.rtol, self.atol, self.l2_tol = rtol, atol, l2_tol
+        self.cache_dir = os.path.abspath(cache_dir or os.path.join(tempfile.gettempdir(), "pacevolve-eval"))
+        os.makedirs(self.cache_dir, exist_ok=True)
+        cores = os.cpu_count() or 2
+        # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
+        # several builds side by side, so builds overlap with timing and with each other.
+        self._max_jobs = self.opts.max_jobs or 2
+        self._build_sem = threading.BoundedSemaphore(self.opts.build_workers or max(2, cores // 2))
+        self._build_locks: dict[str, threading.Lock] = {}
+        self._state_lock = threading.Lock()
+        self._closed = False
+        if gpus is None:
+            gpus = list(range(_cuda_count())) if device == "cuda" else [0]
+        if device == "cuda" and not gpus:
+            raise RuntimeError("device='cuda' but no CUDA GPU is visible")
+        self._cpu_plan(len(gpus))
+        self.devices = [_Device(self, i) for i in gpus]
+        cap = self.devices[0].info.get("capability")
+        self._arch = arch_list_for(tuple(cap)) if cap else ""
+
+    def _cpu_plan(self, n_devices: int) -> None:
+        """Reserve one core per device for its runner; builds and reference workers get the rest.
+
+        Launch-bound kernels are timed partly on the host: a runner sharing its core with compilers reads
+        slower, and a baseline measured during builds would skew every speedup after it.
+        """
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = []
+        if len(cores) >= n_devices + 2 and self.opts.pin_cpus:
+            self._runner_cpus = [[c] for c in cores[-n_devices:]]
+            self._other_cpus = cores[:-n_devices]
+        else:
+            self._runner_cpus, self._other_cpus = [None] * n_devices, None
+
+    @classmethod
+    def for_task(cls, task, **overrides) -> "Evaluator":
+        kw = dict(device=getattr(task, "device", "cuda"), rtol=getattr(task, "rtol", 1e-4),
+                  atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 1e-5),
+                  flops=getattr(task, "flops", 0.0))
+        kw.update(overrides)
+        return cls(task.reference_src, **kw)
+
+    # ---------------------------------------------------------------- plumbing
+    def _torch_device(self) -> str:
+        return "cuda:0" if self.device == "cuda" else "cpu"
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        threads = str(self.opts.cpu_threads)
+        # Fixed glibc malloc thresholds: with the default dynamic threshold a process serves tensors either
+        # from fresh mmaps (page faults every call) or from the heap, and CPU timings of the same model
+        # differed 3x between processes. Fixed, every process takes the heap path.
+        malloc = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+        return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **malloc, **extra)
+
+    def _job(self, role: str, **kw) -> dict:
+        job = dict(role=role, reference_src=self.reference_src, allow_tf32=self.opts.allow_tf32,
+                   cpu_threads=self.opts.cpu_threads)
+        job.update(kw)
+        return job
+
+    def _build_cfg(self) -> dict:
+        return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
+                "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock")}
+
+    def _ext_extras(self, h: str) -> dict[str, str]:
+        # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
+        extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.cache_dir, "ext", h[:16]),
+                 "MAX_JOBS": str(self._max_jobs)}
+        if self._arch:
+            extra["TORCH_CUDA_ARCH_LIST"] = self._arch
+        return extra
+
+    def _build_env(self, h: str) -> dict[str, str]:
+        # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
+        return self._env(CUDA_VISIBLE_DEVICES="", **self._ext_extras(h))
+
+    # ---------------------------------------------------------------- public API
+    def baseline_ms(self, gpu: int | None = None) -> float:
+        dev = self._pick(gpu)
+        try:
+            return self._baseline(dev)["median_ms"]
+        finally:
+            with self._state_lock:
+                dev.pending -= 1
+
+    def evaluate(self, candidate_src: str) -> EvalResult:
+        t_start = time.monotonic()
+        h = source_hash(candidate_src)
+        details: dict = {"source_hash": h[:16], "flags": []}
+        verdict = screen(candidate_src)
+        if verdict.status != "ok":
+            return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
+        res = self._build(candidate_src, h, details)
+        if res is not None:
+            return res
+        dev = self._pick(None)
+        try:
+            baseline = self._baseline(dev)
+            result = self._run(candidate_src, h, dev, details)
+        finally:
+            with self._state_lock:
+                dev.pending -= 1
+        if result.status == "ok":
+            result.baseline_ms = baseline["median_ms"]
+            result.speedup = baseline["median_ms"] / result.runtime_ms if result.runtime_ms else None
+            self._physical_checks(result, dev)
+        result.details.update(device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
+                              cuda=dev.info.get("cuda"), wall_s=time.monotonic() - t_start)
+        return result
+
+    def close(self) -> None:
+        self._closed = True
+        for dev in getattr(self, "devices", []):
+            if dev.spare is not None:
+                dev.spare.kill()
+                _remove(dev.spare.log_path)
+                dev.spare = None
+            if dev.ref is not None:
+                try:
+                    dev.ref.send({"cmd": "quit"})
+                except (OSError, ValueError):
+                    pass
+                dev.ref.kill()
+                dev.ref = None
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ---------------------------------------------------------------- stages
+    def _pick(self, gpu: int | None) -> _Device:
+        with self._state_lock:  # least busy device; ties go to the lowest index
+            pool = [d for d in self.devices if gpu is None or d.index == gpu]
+            if not pool:
+                raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
+            dev = min(pool, key=lambda d: d.pending)
+            dev.pending += 1
+            return dev
+
+    def _build(self, src: str, h: str, details: dict) -> EvalResult | None:
+        marker = os.path.join(self.cache_dir, "ext", h[:16], "BUILT")
+        with self._state_lock:
+            lock = self._build_locks.setdefault(h, threading.Lock())
+        with lock:  # identical sources build once, even when submitted concurrently
+            if os.path.exists(marker):
+                details["compile_s"] = 0.0
+                details["build_cached"] = True
+                return None
+            with self._build_sem:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                w = _Worker(self._build_env(h), os.path.join(os.path.dirname(marker), "build.log"))
+                t0 = time.monotonic()
+                try:
+                    w.send({"role": "build", "candidate_src": src, "build": self._build_cfg(), "cpus": self._other_cpus})
+                    msg = w.recv(self.opts.build_timeout_s)
+                except TimeoutError:
+                    return EvalResult("timeout", message=f"build exceeded {self.opts.build_timeout_s:.0f} s",
+                                      details=dict(details, compile_s=time.monotonic() - t0))
+                except EOFError:
+                    return EvalResult("compile_error", message=f"build: {w.death()}; {w.log_tail(600)}",
+                                      details=details)
+                finally:
+                    w.kill()
+            details["compile_s"] = round(msg.get("compile_s", time.monotonic() - t0), 3)
+            if msg["kind"] == "compile_error":
+                log = w.log_tail(200000) + "\n" + msg["error"]
+                details["compiler_output"] = log[-20000:]
+                return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
+            if msg.get("deferred_error"):
+                details["build_note"] = msg["deferred_error"]
+            with open(marker, "w") as f:
+                f.write(h)
+            return None
+
+    def _baseline(self, dev: _Device) -> dict:
+        with self._state_lock:
+            cached = dev.baseline
+        if cached is not None:
+            return cached
+        with dev.lock:
+            if dev.baseline is None:
+                res = self._run(None, "baseline", dev, {"flags": []}, locked=True)
+                if res.status != "ok":
+                    raise RuntimeError(f"the reference itself failed to run: {res.status}: {res.message}")
+                dev.baseline = {"median_ms": res.runtime_ms, **res.details.get("timing", {})}
+        return dev.baseline
+
+    def _trial_specs(self) -> list[dict]:
+        seeds = [secrets.randbits(31) for _ in range(self.opts.trials)]
+        specs = [{"seed": s, "dist": _DISTS[k % len(_DISTS)], "weight_seed": 42, "perturb": False}
+                 for k, s in enumerate(seeds)]
+        if len(specs) >= 2:  # the last trial re-seeds and perturbs the weights
+            specs[-1].update(dist="own", weight_seed=secrets.randbits(31), perturb=True)
+        # Hack 1 again: the first input set once more, after poisoning; an output read from stale memory
+        # or a cache cannot match twice under different allocator states.
+        return specs + [dict(specs[0], repeat=True)]
+
+    def _run(self, src: str | None, h: str, dev: _Device, details: dict, locked: bool = False) -> EvalResult:
+        mode = "baseline" if src is None else "candidate"
+        specs = self._trial_specs() if mode == "candidate" else []
+        own = [s for s in specs if s["dist"] == "own" and not s["perturb"]][:2] or \
+              [{"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False} for _ in range(2)]
+        specs = specs or [own[0]]
+        iters = self.opts.timing_iters
+        timing = {"input_specs": own, "iters": iters, "warmup": self.opts.warmup, "warmup_ms": self.opts.warmup_ms,
+                  "seed": secrets.randbits(31),
+                  "verify": sorted(secrets.SystemRandom().sample(range(iters), min(self.opts.verify_calls, iters)))
+                  if mode == "candidate" else [], "flush_bytes": self._flush_bytes(dev), "host_calls": self.opts.host_calls,
+                  "host_rounds": self.opts.host_rounds}
+        work = tempfile.mkdtemp(prefix="run-", dir=self.cache_dir)
+        job = self._job("run", mode=mode, candidate_src=src, device=self._torch_device(), trials=specs,
+                        timing=timing, work_dir=work, build=self._build_cfg(), poison_bytes=self.opts.poison_bytes,
+                        env=self._ext_extras(h), cpus=self._runner_cpus[self.devices.index(dev)])
+        lock_cm = _NullCtx() if locked else dev.lock
+        try:
+            with lock_cm, _FileLock(dev.gpu_lock_path):
+                w = dev.take_runner()
+                try:
+                    return self._drive(w, job, dev, specs, details)
+                finally:
+                    w.kill()
+                    _remove(w.log_path)
+                    dev.refill()  # used once, replaced: a fresh process per evaluation
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _drive(self, w: _Worker, job: dict, dev: _Device, specs: list, details: dict) -> EvalResult:
+        deadline = time.monotonic() + self.opts.run_timeout_s
+
+        def recv() -> dict:
+            return w.recv(max(0.0, deadline - time.monotonic()))
+
+        try:
+            w.send(job)
+            msg = recv()
+            if msg["kind"] != "outputs":
+                return self._failure(msg, details)
+            details["flags"] += msg.get("flags", [])
+            if job["mode"] == "candidate":
+                bad = self._check_trials(msg, dev, specs, details)
+                if bad is not None:
+                    return bad
+            w.send({"cmd": "time"})
+            rounds, t_start = [], None
+            msg = recv()
+            while msg["kind"] in ("host_start", "host_end"):  # timestamped here, with the parent's clock
+                if msg["kind"] == "host_start":
+                    t_start = time.monotonic()
+                elif t_start is not None:
+                    rounds.append(time.monotonic() - t_start)
+                    t_start = None
+                msg = recv()
+            if msg["kind"] != "timed":
+                return self._failure(msg, details)
+            # The protocol is fixed: exactly host_rounds rounds, then "timed", then nothing. Extra or missing
+            # messages mean someone else in the process used the channel.
+            extra = self._drain(w, deadline)
+            if len(rounds) != job["timing"]["host_rounds"] or extra:
+                return EvalResult("rejected", message="rejected: the result channel carried messages the harness "
+                                  "did not send (forged result)", details=details)
+        except TimeoutError:
+            return EvalResult("timeout", message=f"run exceeded {self.opts.run_timeout_s:.0f} s "
+                                                 "(infinite loop or deadlock?)", details=details)
+        except (EOFError, OSError):
+            return EvalResult("runtime_error", message=f"{w.death()}. Log tail: {w.log_tail(400)}", details=details)
+        details["flags"] += msg.get("flags", [])
+        samples = sorted(msg["samples"])
+        median = _quantile(samples, 0.5)
+        iqr = _quantile(samples, 0.75) - _quantile(samples, 0.25)
+        host_ms = min(rounds) * 1e3 / job["timing"]["host_calls"] if rounds else None
+        details["timing"] = {"samples_ms": msg["samples"], "median_ms": median, "iqr_ms": iqr,
+                             "spread": iqr / median if median else None, "host_ms_per_call": host_ms,
+                             "io_bytes": msg.get("io_bytes", 0)}
+        details["time_s"] = round(time.monotonic() - deadline + self.opts.run_timeout_s, 3)
+        if job["mode"] == "candidate":
+            bad = self._check_timed(msg, dev, specs, details)
+            if bad is not None:
+                return bad
+            if details["flags"]:
+                return EvalResult("rejected", message="rejected: " + "; ".join(details["flags"][:3]), details=details)
+            if host_ms and median * self.opts.host_ratio < host_ms and host_ms - median > self.opts.host_slack_ms:
+                return EvalResult("rejected", message=f"timing mismatch: CUDA events say {median:.4f} ms per call, "
+                                  f"the host clock {host_ms:.4f} ms; work is escaping the timed window",
+                                  details=details)
+        return EvalResult("ok", correct=True, runtime_ms=median, details=details)
+
+    @staticmethod
+    def _drain(w: _Worker, deadline: float) -> int:
+        """Messages after the final one, until the worker closes the channel (it exits right after)."""
+        extra = 0
+        while True:
+            try:
+                w.recv(max(0.1, min(10.0, deadline - time.monotonic())))
+                extra += 1
+            except (EOFError, TimeoutError):
+                return extra
+
+    def _failure(self, msg: dict, details: dict) -> EvalResult:
+        details["flags"] += msg.get("flags", [])
+        kind, err = msg.get("kind"), msg.get("error", "")
+        if kind == "rejected":
+            return EvalResult("rejected", message=f"rejected: {err}", details=details)
+        if "out of memory" in err.lower():
+            err = "out of memory: " + err
+        where = msg.get("where", "run")
+        status = "invalid" if where == "import" and "ModelNew" in err and "KeyError" in err else "runtime_error"
+        return EvalResult(status, message=f"{where}: {err}", details=dict(details, error=err))
+
+    def _check_trials(self, msg: dict, dev: _Device, specs: list, details: dict) -> EvalResult | None:
+        # The perturbation applies by parameter name; the reference worker reported its names at start-up.
+        match = msg.get("names", []) == dev.info.get("ref_names")
+        items = [{"spec": s, "names_match": match, "index": k} for k, s in enumerate(specs)]
+        if any(s["perturb"] for s in specs) and not match:
+            details["notes"] = ("perturbed-weights trial skipped: ModelNew's bias/affine parameter names differ "
+                                "from the reference's, so the same perturbation cannot be applied")
+            items = [it for it in items if not it["spec"]["perturb"]]
+        reply = dev.ref_call({"cmd": "compare", "path": msg["path"], "field": "outputs", "items": items,
+                              "rtol": self.rtol, "atol": self.atol, "l2_tol": self.l2_tol})
+        if reply["kind"] != "compared":
+            raise RuntimeError(f"reference worker error: {reply.get('error')}")
+        details["trials"] = [dict(r, dist=it["spec"]["dist"], perturbed=it["spec"]["perturb"])
+                             for r, it in zip(reply["results"], items)]
+        details["check_s"] = round(msg.get("check_s", 0.0), 3)
+        if details["flags"]:
+            return EvalResult("rejected", message="rejected: " + "; ".join(details["flags"][:3]), details=details)
+        for r, it in zip(reply["results"], items):
+            if not r["ok"]:
+                s = it["spec"]
+                what = f"trial {it['index']} (inputs: {s['dist']}{', re-seeded and perturbed weights' if s['perturb'] else ''})"
+                return EvalResult("incorrect", message=f"incorrect on {what}: {r['reason']}", details=details)
+        return None
+
+    def _check_timed(self, msg: dict, dev: _Device, specs: list, details: dict) -> EvalResult | None:
+        if not msg.get("verify"):
+            return None
+        own = [s for s in specs if s["dist"] == "own" and not s["perturb"]][:2]
+        items = [{"spec": own[v["base"]], "scale": v["scale"], "index": k} for k, v in enumerate(msg["verify"])]
+        reply = dev.ref_call({"cmd": "compare", "path": msg["path"], "field": "checked", "items": items,
+                              "rtol": self.rtol, "atol": self.atol, "l2_tol": self.l2_tol})
+        for v, r in zip(msg["verify"], reply.get("results", [])):
+            if not r["ok"]:
+                return EvalResult("incorrect", message=f"timed call {v['iter']} returned a wrong result (outputs "
+                                  f"cached or computed after the timer?): {r['reason']}", details=details)
+        return None
+
+    def _flush_bytes(self, dev: _Device) -> int:
+        return max(self.opts.flush_bytes, 2 * int(dev.info.get("l2_bytes") or 0))
+
+    def _physical_checks(self, result: EvalResult, dev: _Device) -> None:
+        """Hack 17: a runtime below what the hardware can do is impossible; a huge speedup is flagged."""
+        floor = self._floor_ms(dev)
+        result.details["floor_ms"] = floor
+        if floor and result.runtime_ms is not None and result.runtime_ms < floor:
+            result.status, result.correct = "rejected", False
+            result.message = (f"rejected: {result.runtime_ms:.4f} ms is below the physical floor {floor:.4f} ms "
+                              "for this task (bytes moved / peak bandwidth, flops / peak rate)")
+            return
+        if result.speedup and result.speedup > self.opts.max_speedup:
+            result.details["flags"].append(f"speedup {result.speedup:.1f}x above {self.opts.max_speedup:g}x")
+            result.message = f"ok, but the {result.speedup:.1f}x speedup is unusually high and flagged for review"
+        else:
+            result.message = f"ok: {result.speedup:.3g}x ({result.runtime_ms:.4g} ms vs {result.baseline_ms:.4g} ms)"
+
+    def _floor_ms(self, dev: _Device) -> float:
+        name = dev.info.get("device_name", "")
+        bw, peak = next((v for k, v in _PEAKS.items() if k in name), (None, None))
+        bw, peak = self.opts.peak_bytes_per_s or bw, self.opts.peak_flops or peak
+        nbytes = (dev.baseline or {}).get("io_bytes", 0)
+        t = 0.0
+        if bw and nbytes:
+            t = max(t, nbytes / bw * 1e3)
+        if peak and self.flops:
+            t = max(t, self.flops / peak * 1e3)
+        return t
+
+
+class _NullCtx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _FileLock:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+        return False
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    pos = (len(sorted_vals) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _cuda_count() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
+def _pch_writable() -> bool:
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    inc = os.path.join(os.path.dirname(spec.origin), "include", "torch") if spec and spec.origin else ""
+    return bool(inc) and os.access(inc, os.W_OK)
+
+
+def evaluate(reference_src: str, candidate_src: str, *, device: str = "cuda", **options) -> EvalResult:
+    """One-shot convenience: builds an Evaluator, evaluates one candidate, closes it."""
+    verdict = screen(candidate_src)  # no workers are started for code the screen already refuses
+    if verdict.status != "ok":
+        return EvalResult(verdict.status, message=verdict.message, details={"rule": verdict.rule})
+    with Evaluator(reference_src, device=device, **options) as ev:
+        return ev.evaluate(candidate_src)
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--worker":
+    _worker_main()

@@ -1,0 +1,18 @@
+# Honest pure-PyTorch candidate: the same function written with functional ops (hardswish folded by hand).
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
+        self.groups, self.eps = groups, eps
+
+    def forward(self, x):
+        x_conv = self.conv(x)
+        t = torch.tanh(self.group_norm(x_conv))
+        # tanh is in (-1, 1), so hardswish(t) = t * (t + 3) / 6 exactly
+        return torch.logsumexp(x_conv + t * (t + 3.0) / 6.0, dim=1, keepdim=True)

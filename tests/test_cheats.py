@@ -1,0 +1,564 @@
+"""Red-team tests for evaluate_kernel.py (issue 4): cheating candidates must not score, honest ones must.
+
+Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`) that cheats in one known
+way (shared/notes/kernelbench.md §6). Its module docstring carries machine-readable lines:
+
+    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda
+    EXPECT:    a |-separated set of statuses, or "honest-timing", or "no-leak"
+    RULE:      keywords (|-separated, any one) the message must contain when the status is "rejected"
+    MESSAGE:   keywords the message must contain for any failing status
+    FORGED:    a number the candidate tries to forge; it must not appear as runtime or speedup
+    HONEST_FRACTION: overrides HONEST_FRACTION for an honest-timing cheat that fakes only a small factor
+    NAIVE:     "correct" and/or "fast": what the cheat achieves against a naive KernelBench-v0.1-style harness
+               (cheats/_naive_harness.py), proving the cheat works and the evaluator is what stops it
+
+"honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
+fraction of the honest computation's cost (the reference itself, which the cheat secretly performs: our own
+measurement or the evaluator's baseline, whichever is smaller). Files in tests/honest/ must come back "ok". Files ending in _cuda.py are GPU-only.
+
+One Evaluator per reference (module-scoped) keeps the suite fast; the env-leak candidates get a fresh
+interpreter started with a canary "API key" in its initial environment, as run.py would have.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+CHEATS = HERE / "cheats"
+HONEST = HERE / "honest"
+REPO = HERE.parent
+CANARY = "sk-pacevolve-canary-5d1e"
+FORGED_RUNTIME_MS = 0.0001
+# An honest-timing cheat "wins" if it looks this much faster than the work it secretly does.
+HONEST_FRACTION = 0.3
+
+# ---------------------------------------------------------------------------------------------------------
+# References (KernelBench format), small enough for a 2-core CPU.
+
+GN_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """KernelBench level2 #92: Conv2d -> GroupNorm -> Tanh -> HardSwish -> residual add -> LogSumExp."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
+        self.tanh = nn.Tanh()
+        self.hard_swish = nn.Hardswish()
+
+    def forward(self, x):
+        x_conv = self.conv(x)
+        x_norm = self.group_norm(x_conv)
+        x_tanh = self.tanh(x_norm)
+        x_hard_swish = self.hard_swish(x_tanh)
+        x_res = x_conv + x_hard_swish
+        return torch.logsumexp(x_res, dim=1, keepdim=True)
+
+
+batch_size = BATCH
+in_channels = IN_CH
+out_channels = OUT_CH
+height, width = SIZE, SIZE
+kernel_size = 3
+groups = GROUPS
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, groups]
+'''
+
+SOFTMAX_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Softmax over a wide row: every output is ~3e-5, under an absolute 1e-4 tolerance."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+batch_size = 8
+dim = 32768
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+RELU_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """ReLU: the identity on torch.rand inputs."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.rand(16, 4096)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+MATMUL_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Matmul with a large K (like level1 #6): long all-positive sums hide reduced precision."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+M = N = 64
+K = 65536
+
+
+def get_inputs():
+    return [torch.rand(M, K), torch.rand(K, N)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+BIAS_REDUCE_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Bias-dominated reduction (like level2 #8): on i.i.d. inputs every sample gives nearly the same value."""
+
+    def __init__(self, channels, divisor):
+        super().__init__()
+        self.divisor = divisor
+        self.bias = nn.Parameter(torch.randn(channels, 1, 1))
+
+    def forward(self, x):
+        x = x.mean(dim=(2, 3), keepdim=True) / self.divisor + self.bias
+        return x.sum(dim=1).flatten()
+
+
+def get_inputs():
+    return [torch.rand(8, 16, 64, 64)]
+
+
+def get_init_inputs():
+    return [16, 3000.0]
+'''
+
+LOOP_SOFTMAX_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A deliberately slow reference (one softmax per row in Python) that an honest kernel beats ~10x."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.stack([torch.softmax(row, dim=0) for row in x])
+
+
+def get_inputs():
+    return [torch.rand(512, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _gn(batch: int, in_ch: int, out_ch: int, size: int, groups: int) -> str:
+    return (GN_SRC.replace("BATCH", str(batch)).replace("IN_CH", str(in_ch)).replace("OUT_CH", str(out_ch))
+            .replace("SIZE", str(size)).replace("GROUPS", str(groups)))
+
+
+REFERENCES = {
+    "gn": _gn(8, 3, 16, 32, 8),                    # level2 #92 at KernelBench v0 sizes, batch 8
+    "gn_cuda": _gn(32, 8, 64, 128, 16),            # a quarter of the v0.1 batch, for the GPU tests
+    "softmax": SOFTMAX_SRC,
+    "relu": RELU_SRC,
+    "matmul": MATMUL_SRC,
+    "bias_reduce": BIAS_REDUCE_SRC,
+    "loop_softmax": LOOP_SOFTMAX_SRC,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Candidate files and their docstring contract.
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    reference: str
+    expect: frozenset[str]
+    rules: tuple[str, ...] = ()
+    message: tuple[str, ...] = ()
+    forged: float | None = None
+    devices: tuple[str, ...] = ("cpu",)
+    naive: tuple[str, ...] = ()
+    honest_fraction: float = 0.3
+
+    @property
+    def source(self) -> str:
+        return self.path.read_text()
+
+
+def _field(doc: str, key: str) -> str | None:
+    for line in doc.splitlines():
+        if line.strip().startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _alternatives(value: str | None) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split("|") if v.strip()) if value else ()
+
+
+def load_spec(path: Path) -> Spec:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    forged = _field(doc, "FORGED")
+    devices = _field(doc, "DEVICES")
+    cuda_file = path.name.endswith("_cuda.py")
+    return Spec(
+        path=path,
+        reference=_field(doc, "REFERENCE") or "",
+        expect=frozenset(_alternatives(_field(doc, "EXPECT"))),
+        rules=_alternatives(_field(doc, "RULE")),
+        message=_alternatives(_field(doc, "MESSAGE")),
+        forged=float(forged) if forged else None,
+        devices=tuple(devices.split()) if devices else (("cuda",) if cuda_file else ("cpu",)),
+        naive=tuple((_field(doc, "NAIVE") or "").split()),
+        honest_fraction=float(_field(doc, "HONEST_FRACTION") or HONEST_FRACTION),
+    )
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+
+
+CHEAT_SPECS = [load_spec(p) for p in _files(CHEATS)]
+HONEST_SPECS = [load_spec(p) for p in _files(HONEST)]
+STATUSES = {"ok", "invalid", "compile_error", "runtime_error", "incorrect", "timeout", "rejected"}
+
+
+def _params(specs, device, pred=lambda s: True):
+    return [pytest.param(s, id=s.path.stem) for s in specs if device in s.devices and pred(s)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fixtures: one shared Evaluator per reference and device, our own honest timings.
+
+def _evaluate_kernel():
+    return pytest.importorskip("evaluate_kernel", reason="evaluate_kernel.py is not importable yet")
+
+
+class _Pool:
+    """Lazily builds one Evaluator per reference for a device, closes them all at the end."""
+
+    def __init__(self, device: str, cache_dir: Path):
+        self.device, self.cache_dir, self._evaluators = device, cache_dir, {}
+
+    def __call__(self, reference: str):
+        if reference not in self._evaluators:
+            ek = _evaluate_kernel()
+            # A shorter run timeout than the default keeps a hung cheat from stalling the suite for minutes.
+            self._evaluators[reference] = ek.Evaluator(
+                REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45)
+        return self._evaluators[reference]
+
+    def close(self) -> None:
+        for ev in self._evaluators.values():
+            ev.close()
+
+
+@pytest.fixture(scope="module")
+def cpu_evaluators(tmp_path_factory):
+    pool = _Pool("cpu", tmp_path_factory.mktemp("ek_cache_cpu"))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_evaluators(tmp_path_factory):
+    pool = _Pool("cuda", tmp_path_factory.mktemp("ek_cache_gpu"))
+    yield pool
+    pool.close()
+
+
+def _namespace(src: str) -> dict:
+    ns: dict = {}
+    exec(compile(src, "<reference>", "exec"), ns)
+    return ns
+
+
+def measure_reference_ms(reference: str, device: str, calls: int = 25) -> float:
+    """Fastest call of the reference's forward on fresh inputs: a lower bound on what the same work costs.
+
+    The minimum, not the median, because this machine is shared: load only ever makes a call slower. One
+    CPU thread: with two, a busy neighbour stalls every parallel region and the "honest" time balloons.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _min_call_ms(reference, device, calls)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _min_call_ms(reference: str, device: str, calls: int) -> float:
+    ns = _namespace(REFERENCES[reference])
+    torch.manual_seed(0)
+    model = ns["Model"](*ns["get_init_inputs"]()).to(device)
+    input_sets = [[t.to(device) for t in ns["get_inputs"]()] for _ in range(4)]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    samples = []
+    with torch.no_grad():
+        for i in range(calls + 3):
+            inputs = input_sets[i % len(input_sets)]
+            sync()
+            t0 = time.perf_counter()
+            model(*inputs)
+            sync()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return min(samples[3:])
+
+
+@pytest.fixture(scope="module")
+def honest_ms():
+    cache: dict = {}
+
+    def get(reference: str, device: str) -> float:
+        if (reference, device) not in cache:
+            cache[(reference, device)] = measure_reference_ms(reference, device)
+        return cache[(reference, device)]
+
+    return get
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checking one outcome.
+
+def _describe(result) -> str:
+    return (f"status={result.status!r} correct={result.correct} runtime_ms={result.runtime_ms} "
+            f"speedup={result.speedup} message={result.message[:400]!r}")
+
+
+def _contains_any(text: str, keywords: tuple[str, ...]) -> bool:
+    return any(k.lower() in text.lower() for k in keywords)
+
+
+def check_cheat(spec: Spec, result, honest: float | None) -> None:
+    info = f"{spec.path.name}: {_describe(result)}"
+    print(f"\nOBSERVED {spec.path.name}: {result.status} (runtime_ms={result.runtime_ms}): {result.message[:110]}")
+    assert result.status in STATUSES, info
+    if "honest-timing" in spec.expect:
+        if result.status == "ok":
+            assert result.runtime_ms is not None and honest is not None, info
+            # The cheat secretly does the reference's work, so the evaluator's own baseline is an honest
+            # measurement of it too; the smaller of the two keeps noise on this shared machine from
+            # flagging an honestly timed cheat (real wins are 10-1000x, far below the line).
+            if result.baseline_ms:
+                honest = min(honest, result.baseline_ms)
+            assert result.runtime_ms >= spec.honest_fraction * honest, (
+                f"{info}\n  cheat timed at {result.runtime_ms:.4f} ms, honest work costs ~{honest:.4f} ms")
+        else:
+            assert result.status in {"rejected", "incorrect"}, info
+    else:
+        assert result.status in spec.expect, info
+    if result.status != "ok":
+        assert result.correct is False, info
+    if result.status == "rejected" and spec.rules:
+        assert _contains_any(result.message, spec.rules), f"{info}\n  message should name the rule {spec.rules}"
+    if result.status != "ok" and spec.message:
+        assert _contains_any(result.message, spec.message), f"{info}\n  message should mention {spec.message}"
+    if spec.forged is not None:
+        assert result.speedup is None or abs(result.speedup - spec.forged) > 1e-6, info
+        assert result.runtime_ms is None or abs(result.runtime_ms - FORGED_RUNTIME_MS) > 1e-9, info
+
+
+# Files some cheats write into the cwd or /tmp; removed afterwards if the test created them.
+_FORGE_NAMES = ["result.json", "results.json", "eval_result.json", "output.json", "score.json"]
+
+
+@pytest.fixture
+def forged_files_cleanup():
+    places = [Path(d) / n for d in (os.getcwd(), "/tmp", str(REPO)) for n in _FORGE_NAMES]
+    before = {p for p in places if p.exists()}
+    yield places
+    for p in places:
+        if p.exists() and p not in before:
+            p.unlink()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests: the contract of the candidate files themselves (no evaluator needed).
+
+@pytest.mark.parametrize("spec", [pytest.param(s, id=s.path.stem) for s in CHEAT_SPECS + HONEST_SPECS])
+def test_candidate_file_is_well_formed(spec: Spec):
+    tree = ast.parse(spec.source)
+    doc = ast.get_docstring(tree)
+    assert doc and len(doc.splitlines()) >= 4, "each candidate explains itself in its module docstring"
+    assert spec.reference in REFERENCES, f"unknown REFERENCE {spec.reference!r}"
+    assert any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
+    known = STATUSES | {"honest-timing", "no-leak"}
+    assert spec.expect and spec.expect <= known, spec.expect
+    if spec.path.parent == HONEST:
+        assert spec.expect == {"ok"}
+    else:
+        assert "ok" not in spec.expect
+        assert "Seen" in doc and "Expected outcome" in doc and "How it cheats" in doc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests: the cheats really cheat (a naive same-process harness is fooled), so a catch is the evaluator's doing.
+
+NAIVE_FAST_FRACTION = 0.3
+
+
+@pytest.fixture(scope="module")
+def naive_results():
+    paths = [str(s.path) for s in CHEAT_SPECS if s.naive and "cpu" in s.devices]
+    proc = subprocess.run([sys.executable, str(CHEATS / "_naive_harness.py"), *paths], capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            results[d["file"]] = d
+    return results, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cpu", lambda s: bool(s.naive)))
+def test_cheat_fools_a_naive_harness(spec: Spec, naive_results):
+    results, stderr = naive_results
+    r = results.get(spec.path.name)
+    assert r is not None and "error" not in r, f"{spec.path.name}: {r}\n{stderr}"
+    if "correct" in spec.naive:
+        assert r["correct"], f"{spec.path.name} does not even pass a naive allclose(1e-2) check: {r}"
+    if "fast" in spec.naive:
+        assert r["new_ms"] < NAIVE_FAST_FRACTION * r["ref_ms"], f"{spec.path.name} does not look fast: {r}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests: CPU (CI).
+
+@pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cpu", lambda s: "no-leak" not in s.expect))
+def test_cheat_is_caught_cpu(spec: Spec, cpu_evaluators, honest_ms, forged_files_cleanup):
+    evaluator = cpu_evaluators(spec.reference)
+    result = evaluator.evaluate(spec.source)
+    honest = honest_ms(spec.reference, "cpu") if "honest-timing" in spec.expect else None
+    check_cheat(spec, result, honest)
+    for p in forged_files_cleanup:
+        if p.exists():
+            assert "4242" not in p.read_text(errors="replace") or p.parent != REPO, \
+                f"a candidate wrote a forged result into the repository: {p}"
+
+
+@pytest.mark.parametrize("spec", _params(HONEST_SPECS, "cpu"))
+def test_honest_candidate_passes_cpu(spec: Spec, cpu_evaluators):
+    result = cpu_evaluators(spec.reference).evaluate(spec.source)
+    assert result.status == "ok", f"{spec.path.name} wrongly failed: {_describe(result)}"
+    assert result.correct is True
+    assert result.runtime_ms is not None and result.runtime_ms > 0
+    assert result.speedup is not None and result.speedup > 0
+
+
+def test_honest_fast_kernel_is_really_faster(cpu_evaluators):
+    """A legitimately ~10x faster kernel must be reported fast (flagged at most), not clamped or rejected."""
+    spec = load_spec(HONEST / "fast_vs_loop.py")
+    result = cpu_evaluators(spec.reference).evaluate(spec.source)
+    assert result.status == "ok", _describe(result)
+    assert result.speedup > 3.0, _describe(result)
+
+
+_LEAK_RUNNER = r"""
+import json, sys
+import evaluate_kernel
+ref, cand = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+result = evaluate_kernel.evaluate(ref, cand, device="cpu", cache_dir=sys.argv[3])
+print("RESULT-JSON " + result.to_json())
+"""
+
+
+@pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cpu", lambda s: "no-leak" in s.expect))
+def test_candidate_cannot_see_api_keys(spec: Spec, tmp_path):
+    """The evaluator runs in a fresh interpreter whose *initial* environment holds canary keys (like run.py)."""
+    _evaluate_kernel()
+    ref = tmp_path / "reference.py"
+    ref.write_text(REFERENCES[spec.reference])
+    env = dict(os.environ, OPENAI_API_KEY=CANARY, GEMINI_API_KEY=CANARY, ANTHROPIC_API_KEY=CANARY,
+               HF_TOKEN=CANARY, PACEVOLVE_SERVICE_API_KEY=CANARY, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", _LEAK_RUNNER, str(ref), str(spec.path), str(tmp_path / "cache")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT-JSON ")]
+    assert lines, f"runner failed: rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    result = json.loads(lines[-1][len("RESULT-JSON "):])
+    dump = json.dumps(result)
+    assert "LEAKED" not in dump, f"{spec.path.name}: the candidate saw a key: {result['message'][:300]}"
+    assert CANARY not in dump
+    assert result["status"] in {"ok", "rejected"}, f"{spec.path.name}: {result['status']}: {result['message'][:300]}"
+    print(f"{spec.path.name}: {result['status']}: {result['message'][:200]}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests: GPU (marked; skipped without CUDA; run by the lead on the GPU machine).
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cuda"))
+def test_cheat_is_caught_gpu(spec: Spec, gpu_evaluators, honest_ms):
+    result = gpu_evaluators(spec.reference).evaluate(spec.source)
+    honest = honest_ms(spec.reference, "cuda") if "honest-timing" in spec.expect else None
+    check_cheat(spec, result, honest)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", _params(HONEST_SPECS, "cuda"))
+def test_honest_candidate_passes_gpu(spec: Spec, gpu_evaluators):
+    result = gpu_evaluators(spec.reference).evaluate(spec.source)
+    assert result.status == "ok", f"{spec.path.name} wrongly failed on GPU: {_describe(result)}"
+    assert result.correct is True and result.runtime_ms and result.runtime_ms > 0

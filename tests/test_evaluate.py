@@ -1,0 +1,477 @@
+"""Tests for evaluate_kernel.py: CPU pipeline end to end (CI), plus GPU-marked tests for the CUDA paths.
+
+One Evaluator per module (reference worker start-up and the baseline are paid once); the C++ candidates
+are built concurrently in one fixture because each cold build costs ~10-30 s on a 2-core machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import evaluate_kernel as ek
+
+HERE = Path(__file__).parent / "candidates_cpu"
+REF = (HERE / "reference_small.py").read_text()
+HONEST = (HERE / "honest_torch.py").read_text()
+HONEST_CPP = (HERE / "honest_cpp.py").read_text()
+
+
+def variant(forward_body: str, extra_init: str = "", header: str = "") -> str:
+    """A candidate = honest __init__ plus the given forward body (indented 8 spaces)."""
+    return f'''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+{header}
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
+        self.groups, self.eps = groups, eps
+{extra_init}
+    def forward(self, x):
+{forward_body}
+'''
+
+
+HONEST_BODY = '''        x_conv = self.conv(x)
+        t = torch.tanh(self.group_norm(x_conv))
+        return torch.logsumexp(x_conv + t * (t + 3.0) / 6.0, dim=1, keepdim=True)'''
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    os.environ["PACEVOLVE_TEST_API_KEY"] = "sk-must-not-leak"
+    e = ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path_factory.mktemp("evalcache")),
+                     timing_iters=15, warmup=2, run_timeout_s=60, build_timeout_s=300)
+    yield e
+    e.close()
+    os.environ.pop("PACEVOLVE_TEST_API_KEY", None)
+
+
+SEGV_CPP = HONEST_CPP.replace('name="fused_tail_cpp"', 'name="segv_cpp"').replace(
+    "return out;\n}", "if (N > 0) { volatile float* bad = nullptr; *bad = 1.0f; }\n    return out;\n}")
+BROKEN_CPP = HONEST_CPP.replace("float mx = -INFINITY;", "float mx = -INFINITY\n            int oops = ;")
+
+
+@pytest.fixture(scope="module")
+def cpp_results(ev):
+    """Build and run the C++ candidates side by side (also exercises concurrent evaluate calls)."""
+    srcs = {"ok": HONEST_CPP, "broken": BROKEN_CPP, "segv": SEGV_CPP}
+    with ThreadPoolExecutor(3) as pool:
+        futures = {k: pool.submit(ev.evaluate, s) for k, s in srcs.items()}
+        out = {k: f.result() for k, f in futures.items()}
+    t0 = time.monotonic()
+    out["again"] = ev.evaluate(HONEST_CPP)
+    out["again_wall"] = time.monotonic() - t0
+    return out
+
+
+# ------------------------------------------------------------------------------------------ happy paths
+def test_correct_pytorch_candidate_is_ok_with_speedup_near_one(ev):
+    r = ev.evaluate(HONEST)
+    assert r.status == "ok", r.message
+    assert r.correct and r.runtime_ms > 0 and r.baseline_ms > 0
+    assert 0.25 < r.speedup < 4.0  # CPU timings here are bimodal per process (see report)
+    assert len(r.details["trials"]) >= 3 and all(t["ok"] for t in r.details["trials"])
+    dists = {t["dist"] for t in r.details["trials"]}
+    assert {"own", "scaled", "negated", "zero_mean", "per_sample"} <= dists
+    assert any(t["perturbed"] for t in r.details["trials"])
+    for key in ("compile_s", "check_s", "time_s", "device", "torch", "source_hash", "timing"):
+        assert key in r.details
+    assert r.details["timing"]["iqr_ms"] >= 0 and len(r.details["timing"]["samples_ms"]) == 15
+
+
+def test_baseline_is_cached(ev):
+    b1 = ev.baseline_ms()
+    t0 = time.monotonic()
+    assert ev.baseline_ms() == b1
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_cpp_candidate_ok(cpp_results):
+    r = cpp_results["ok"]
+    assert r.status == "ok", r.message
+    assert r.details["compile_s"] > 0.5
+
+
+def test_identical_source_not_rebuilt(cpp_results):
+    r = cpp_results["again"]
+    assert r.status == "ok", r.message
+    assert r.details["compile_s"] == 0.0 and r.details.get("build_cached")
+    assert cpp_results["again_wall"] < 15  # a run, not a 10-30 s build
+
+
+def test_cpp_compile_error_reports_first_error(cpp_results):
+    r = cpp_results["broken"]
+    assert r.status == "compile_error"
+    assert "error" in r.message and "candidate line" in r.message
+    assert "compiler_output" in r.details
+
+
+def test_segfault_is_runtime_error_and_next_evaluation_works(ev, cpp_results):
+    r = cpp_results["segv"]
+    assert r.status == "runtime_error"
+    assert "SIGSEGV" in r.message
+    assert ev.evaluate(HONEST).status == "ok"
+
+
+# ------------------------------------------------------------------------------------------ failures
+def test_wrong_candidate_is_incorrect_with_useful_message(ev):
+    r = ev.evaluate(HONEST.replace("dim=1, keepdim=True)", "dim=1, keepdim=True) * 1.001"))
+    assert r.status == "incorrect" and not r.correct
+    assert "trial 0" in r.message and "worst at index" in r.message and "expected" in r.message
+    assert r.runtime_ms is None
+
+
+@pytest.mark.parametrize("src, fragment", [
+    ("import torch\nclass ModelNew(torch.nn.Module:\n    pass\n", "SyntaxError"),
+    ("import torch\nclass Other(torch.nn.Module):\n    pass\n", "ModelNew"),
+])
+def test_invalid(src, fragment):
+    r = ek.evaluate(REF, src, device="cpu")  # screened before anything starts
+    assert r.status == "invalid" and fragment in r.message
+
+
+def test_runtime_exception_names_candidate_line(ev):
+    r = ev.evaluate(variant("        return self.conv(x).view(3, -1, 7)"))
+    assert r.status == "runtime_error"
+    assert "candidate line" in r.message and "RuntimeError" in r.message
+
+
+def test_os_exit_is_runtime_error(ev):
+    r = ev.evaluate(variant("        import os\n        os._exit(3)"))
+    assert r.status == "runtime_error" and "code 3" in r.message
+
+
+def test_infinite_loop_is_timeout(tmp_path):
+    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), run_timeout_s=8, timing_iters=3) as e:
+        t0 = time.monotonic()
+        r = e.evaluate(variant("        while True:\n            x = x + 1"))
+        assert r.status == "timeout"
+        assert time.monotonic() - t0 < 40
+        assert e.evaluate(HONEST).status == "ok"  # the evaluator survives
+
+
+def test_input_modification_is_rejected(ev):
+    body = HONEST_BODY.replace("        return ", "        out = ") + "\n        x.zero_()\n        return out"
+    r = ev.evaluate(variant(body))
+    assert r.status == "rejected" and "modified" in r.message
+
+
+def test_output_cached_across_calls_is_incorrect(ev):
+    body = ('        if self.cache is None:\n' + HONEST_BODY.replace("        return ", "            self.cache = ")
+            .replace("        x_conv", "            x_conv").replace("        t =", "            t =") +
+            '\n        return self.cache.clone()')
+    r = ev.evaluate(variant(body, extra_init="        self.cache = None\n"))
+    assert r.status == "incorrect"
+
+
+def test_fixed_weight_shortcut_caught_by_perturbed_trial(ev):
+    # Ignores the GroupNorm affine parameters: exact for seed-42 weights (weight=1, bias=0), wrong otherwise.
+    body = '''        x_conv = self.conv(x)
+        t = torch.tanh(F.group_norm(x_conv, self.groups, eps=self.eps))
+        return torch.logsumexp(x_conv + t * (t + 3.0) / 6.0, dim=1, keepdim=True)'''
+    r = ev.evaluate(variant(body))
+    assert r.status == "incorrect" and "perturbed weights" in r.message
+
+
+def test_positive_input_shortcut_caught(ev):
+    # abs() is a no-op on torch.rand inputs; negated inputs expose it.
+    r = ev.evaluate(variant(HONEST_BODY.replace("self.conv(x)", "self.conv(x.abs())")))
+    assert r.status == "incorrect" and "negated" in r.message
+
+
+def test_non_tensor_output_is_rejected(ev):
+    r = ev.evaluate(variant(HONEST_BODY.replace("return torch.logsumexp", "return [v for v in torch.logsumexp") +
+                            ".flatten().tolist()]"))
+    assert r.status == "rejected" and "not a plain torch.Tensor" in r.message
+
+
+def test_printed_result_cannot_forge_a_verdict(ev):
+    forged = json.dumps({"kind": "timed", "samples": [1e-6] * 15, "verify": [], "flags": [], "nonce": "x"})
+    body = (f"        print({forged!r})\n        print('Kernel speedup: 1000.0')\n"
+            "        return self.conv(x)[:, :1] * 0")
+    r = ev.evaluate(variant(body))
+    assert r.status == "incorrect"
+
+
+def test_candidate_environment_has_no_api_keys(ev):
+    body = ('        import os\n        leaked = [k for k in os.environ if "KEY" in k.upper() or "TOKEN" in k.upper()]\n'
+            '        assert not leaked, leaked\n' + HONEST_BODY)
+    r = ev.evaluate(variant(body))
+    assert r.status == "ok", r.message
+    env = ek.scrubbed_env()
+    assert "PACEVOLVE_TEST_API_KEY" not in env and "PATH" in env
+
+
+# ------------------------------------------------------------------------------------------ static screen
+SCREEN_CASES = {
+    "threads": "import threading\n",
+    "subprocess": "import subprocess\n",
+    "tensor_subclass": "class Lazy(torch.Tensor):\n    pass\n",
+    "introspection": "import sys\nf = sys._getframe(1)\n",
+    "native_ffi": "import ctypes\n",
+    "patching": "torch.cuda.synchronize = lambda: None\n",
+    "try_except": "try:\n    y = 1\nexcept Exception:\n    y = 2\n",
+    "reference_model": "class Base(Model):\n    pass\n",
+    "persisting_l2": 'cuda_src = "attr.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;"\n',
+    "streams": "s = torch.cuda.Stream()\n",
+    "file_io": "f = open('/tmp/x', 'w')\n",
+    "dynamic_code": "eval('1+1')\n",
+    "harness_access": "import evaluate_kernel\n",
+}
+
+
+@pytest.mark.parametrize("rule", sorted(ek.RULES))
+def test_screen_rule_message(rule):
+    src = "import torch\nimport torch.nn as nn\n" + SCREEN_CASES[rule] + HONEST.split("import torch.nn.functional as F")[1]
+    v = ek.screen(src)
+    assert v.status == "rejected" and v.rule == rule
+    assert f"rule '{rule}'" in v.message and ek.RULES[rule] in v.message and f"line {v.line}" in v.message
+
+
+@pytest.mark.parametrize("src", [
+    HONEST, HONEST_CPP,
+    # comments and docstrings mentioning forbidden things are not code
+    "# import threading; try: except\n" + HONEST + '\n"""we never use torch.cuda.Stream here"""\n',
+    HONEST_CPP.replace("#include <cmath>", "#include <cmath>\n// std::thread is not used here"),
+    HONEST + "\nassert True\nif torch.cuda.is_available():\n    pass\n",
+])
+def test_screen_accepts_honest_code(src):
+    assert ek.screen(src).status == "ok", ek.screen(src).message
+
+
+def test_screen_more_patterns():
+    cases = ['cpp = "std::thread t(work); t.detach();"', "import torch as T\nT.allclose = None",
+             "setattr(torch, 'allclose', None)", "import os\nos.environ['X'] = '1'", "x = __import__('os')",
+             'cu = "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);"', "import gc\n", "from inspect import stack",
+             "with torch.cuda.stream(s):\n    pass", "torch.backends.cudnn.allow_tf32 = True"]
+    for c in cases:
+        assert ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n").status == "rejected", c
+
+
+def test_rules_are_documented():
+    doc = ek.rules_markdown()
+    assert all(f"`{r}`" in doc for r in ek.RULES)
+
+
+# ------------------------------------------------------------------------------------------ pieces
+def test_evalresult_json_round_trip():
+    r = ek.EvalResult("ok", True, 1.5, 3.0, 2.0, "fine", {"trials": [{"rel_l2": 1e-7}], "flags": []})
+    back = ek.EvalResult.from_dict(json.loads(r.to_json()))
+    assert back == r
+    assert set(ek.STATUSES) >= {r.status}
+
+
+def test_tolerance_scales_with_output_magnitude():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(4096, generator=g, dtype=torch.float64).float() * 100
+    ref[:16] = torch.linspace(-1e-4, 1e-4, 16)  # outputs near zero
+    near_zero_err = ref.clone()
+    near_zero_err[:16] += 1.5e-3  # huge relative error there, tiny against RMS(ref) ~ 100
+    r = ek.compare_outputs([near_zero_err], [ref], 1e-4, 1e-4, 1e-5)
+    assert r["ok"], r
+    off = ref * (1 + 1e-3)  # uniformly 1e-3 relative off: relative L2 = 1e-3 > 1e-5
+    r = ek.compare_outputs([off], [ref], 1e-4, 1e-4, 1e-5)
+    assert not r["ok"] and "relative L2" in r["reason"]
+    zeros = torch.zeros_like(ref) + 1e-6  # degenerate output: fails however small the reference is
+    assert not ek.compare_outputs([zeros], [ref * 1e-8], 1e-4, 1e-4, 1e-5)["ok"]
+    nan = ref.clone()
+    nan[5] = float("nan")
+    assert "non-finite" in ek.compare_outputs([nan], [ref], 1e-4, 1e-4, 1e-5)["reason"]
+    assert "shape" in ek.compare_outputs([ref[:10]], [ref], 1e-4, 1e-4, 1e-5)["reason"]
+    assert "dtype" in ek.compare_outputs([ref.double()], [ref], 1e-4, 1e-4, 1e-5)["reason"]
+
+
+def test_guard_sees_threads_and_patches():
+    import time as time_mod
+    g = ek._Guard()
+    original = time_mod.perf_counter
+    time_mod.perf_counter = lambda: 0.0
+    try:
+        assert any("perf_counter" in p for p in g.problems("test"))
+    finally:
+        time_mod.perf_counter = original
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert any("thread count" in p for p in g.problems("test"))
+    finally:
+        stop.set()
+        t.join()
+    assert g.problems("test") == []
+
+
+def test_compiler_output_is_trimmed_and_mapped():
+    src = "x = 1\ncpp = '''\nint f() {\n    return 1 +;\n}\n'''\n"
+    log = ("[1/2] c++ -c main.cpp\nFAILED: main.o\n/tmp/ext/main.cpp:5:15: error: expected primary-expression "
+           "before ';' token\n    5 |     return 1 +;\n      |               ^\nninja: build stopped\n")
+    msg = ek.trim_compiler_output(log, src)
+    assert "candidate line 4" in msg and "expected primary-expression" in msg
+
+
+def test_arch_list():
+    assert ek.arch_list_for((9, 0)) == "9.0a"
+    assert ek.arch_list_for((8, 0)) == "8.0"
+
+
+def test_for_task_reads_task_attributes(tmp_path):
+    from types import SimpleNamespace
+    task = SimpleNamespace(reference_src=REF, device="cpu", rtol=2e-4, atol=3e-4, l2_tol=4e-5, flops=1.0)
+    with ek.Evaluator.for_task(task, cache_dir=str(tmp_path)) as e:
+        assert (e.rtol, e.atol, e.l2_tol, e.flops, e.device) == (2e-4, 3e-4, 4e-5, 1.0, "cpu")
+
+
+def test_unknown_option_rejected():
+    with pytest.raises(TypeError):
+        ek.Evaluator(REF, device="cpu", not_an_option=1)
+
+
+# ------------------------------------------------------------------------------------------ GPU
+GPU_REF = REF.replace("batch_size = 8", "batch_size = 32")
+
+CUDA_TAIL = r'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_src = r"""
+__global__ void tail_kernel(const float* conv, const float* norm, float* out, int N, int C, int HW) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * HW) return;
+    int b = idx / HW, p = idx % HW;
+    float mx = -INFINITY, s = 0.f;
+    for (int c = 0; c < C; ++c) {
+        int i = (b * C + c) * HW + p;
+        float t = tanhf(norm[i]);
+        float v = conv[i] + t * (t + 3.f) / 6.f;
+        if (v > mx) { s = s * expf(mx - v) + 1.f; mx = v; } else { s += expf(v - mx); }
+    }
+    WRITE_TARGET = mx + logf(s);
+}
+torch::Tensor tail(torch::Tensor conv, torch::Tensor norm) {
+    auto c = conv.contiguous(); auto n = norm.contiguous();
+    int N = c.size(0), C = c.size(1), HW = c.size(2) * c.size(3);
+    auto out = torch::empty({N, 1, c.size(2), c.size(3)}, c.options());
+    int threads = 256, blocks = (N * HW + threads - 1) / threads;
+    tail_kernel<<<blocks, threads>>>(c.data_ptr<float>(), n.data_ptr<float>(), out.data_ptr<float>(), N, C, HW);
+    return out;
+}
+"""
+ext = load_inline(name="NAME", cpp_sources="torch::Tensor tail(torch::Tensor conv, torch::Tensor norm);",
+                  cuda_sources=cuda_src, functions=["tail"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
+
+    def forward(self, x):
+        x_conv = self.conv(x)
+        return ext.tail(x_conv, self.group_norm(x_conv))
+'''
+
+
+def cuda_candidate(name: str, write_target: str) -> str:
+    return CUDA_TAIL.replace("NAME", name).replace("WRITE_TARGET", write_target)
+
+
+@pytest.fixture(scope="module")
+def gpu_ev(tmp_path_factory):
+    e = ek.Evaluator(GPU_REF, device="cuda", cache_dir=str(tmp_path_factory.mktemp("gpucache")))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_results(gpu_ev):
+    srcs = {"ok": cuda_candidate("tail_ok", "out[idx]"),
+            "wrong": cuda_candidate("tail_wrong", "out[b * HW + (p + 1) % HW]"),
+            "oob": cuda_candidate("tail_oob", "((float*)256)[idx]"),
+            "torch": HONEST}
+    with ThreadPoolExecutor(4) as pool:
+        futures = {k: pool.submit(gpu_ev.evaluate, s) for k, s in srcs.items()}
+        out = {k: f.result() for k, f in futures.items()}
+    out["after_oob"] = gpu_ev.evaluate(srcs["ok"])
+    return out
+
+
+@pytest.mark.gpu
+def test_gpu_fused_kernel_ok_and_timed(gpu_results):
+    r = gpu_results["ok"]
+    assert r.status == "ok", r.message
+    t = r.details["timing"]
+    assert t["spread"] < 0.5 and t["host_ms_per_call"] is not None
+    print("GPU", r.details["device"], "baseline", r.baseline_ms, "kernel", r.runtime_ms, "speedup", r.speedup,
+          "compile_s", r.details["compile_s"])
+
+
+@pytest.mark.gpu
+def test_gpu_wrong_index_incorrect(gpu_results):
+    assert gpu_results["wrong"].status == "incorrect", gpu_results["wrong"].message
+
+
+@pytest.mark.gpu
+def test_gpu_oob_write_does_not_poison_next(gpu_results):
+    assert gpu_results["oob"].status == "runtime_error", gpu_results["oob"].message
+    assert gpu_results["after_oob"].status == "ok", gpu_results["after_oob"].message
+    assert gpu_results["after_oob"].details.get("build_cached")
+
+
+@pytest.mark.gpu
+def test_gpu_pytorch_candidate_near_one_and_no_false_flags(gpu_results):
+    r = gpu_results["torch"]
+    assert r.status == "ok", r.message
+    assert 0.5 < r.speedup < 2.0 and not r.details["flags"]  # launch-bound at this size
+
+
+@pytest.mark.gpu
+def test_gpu_device_work_is_inside_the_window(gpu_ev):
+    # Honest code that spins the GPU for ~1 ms: the event time must include it.
+    body = "        torch.cuda._sleep(2_000_000)\n" + HONEST_BODY
+    r = gpu_ev.evaluate(variant(body))
+    assert r.status == "ok" and r.runtime_ms > 0.5, (r.status, r.message, r.runtime_ms)
+
+
+@pytest.mark.gpu
+def test_gpu_repeatability(gpu_ev, gpu_results):
+    src = cuda_candidate("tail_ok", "out[idx]")
+    meds, walls = [gpu_results["ok"].runtime_ms], []
+    for _ in range(4):
+        t0 = time.monotonic()
+        r = gpu_ev.evaluate(src)
+        walls.append(time.monotonic() - t0)
+        assert r.status == "ok"
+        meds.append(r.runtime_ms)
+    spread = (max(meds) - min(meds)) / min(meds)
+    print("REPEAT medians_ms", [round(m, 5) for m in meds], "spread", round(spread, 4), "cached wall_s",
+          [round(w, 2) for w in walls])
+    # A ~0.1 ms kernel is launch- and sync-bound, so a busy host (builds of other candidates) shows up as
+    # outliers; most medians must agree. scripts/bench_eval.py measures the full-size task (0.7% on an H200).
+    close = sorted(meds)[len(meds) // 2] * 1.15
+    assert sum(m <= close for m in meds) >= 3, spread
+    assert max(walls) < 8
+
+
+@pytest.mark.gpu
+def test_gpu_multi_gpu_dispatch(tmp_path):
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    with ek.Evaluator(GPU_REF, device="cuda", gpus=[0, 1], cache_dir=str(tmp_path)) as e:
+        with ThreadPoolExecutor(2) as pool:
+            rs = list(pool.map(e.evaluate, [HONEST, HONEST + "\n# variant\n"]))
+        assert all(r.status == "ok" for r in rs)
+        assert {r.details["gpu"] for r in rs} == {0, 1}
