@@ -210,8 +210,11 @@ def _rng_from_json(data: list) -> random.Random:
 
 # ----------------------------------------------------------------------------- run directory
 
-def source_id(src: str) -> str:
-    return hashlib.sha256(src.encode()).hexdigest()[:16]
+def _count_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path) as f:
+        return sum(1 for _ in f)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -234,18 +237,14 @@ class RunDir:
         self.evals = eval_cache or (path / "evals")
         self.evals.mkdir(parents=True, exist_ok=True)
         self.events_path = path / "events.jsonl"
+        self.events_written = _count_lines(self.events_path)   # checkpoints record it; resume truncates to it
         self._lock = threading.Lock()
 
     def event(self, kind: str, **data) -> None:
         line = json.dumps({"type": kind, "time": round(time.time(), 3), **data}, default=str)
         with self._lock, open(self.events_path, "a") as f:
             f.write(line + "\n")
-
-    def event_count(self) -> int:
-        if not self.events_path.exists():
-            return 0
-        with open(self.events_path) as f:
-            return sum(1 for _ in f)
+            self.events_written += 1
 
     def truncate_events(self, n: int) -> None:
         """Drop events written after the checkpoint we resume from; they will happen again."""
@@ -254,9 +253,10 @@ class RunDir:
         with open(self.events_path) as f:
             lines = f.readlines()[:n]
         write_atomic(self.events_path, "".join(lines))
+        self.events_written = len(lines)
 
     def save_program(self, src: str) -> str:
-        pid = source_id(src)
+        pid = hcm.program_id(src)   # the id HCM records on the hypothesis, so records lead to the file
         path = self.candidates / f"{pid}.py"
         if not path.exists():
             write_atomic(path, src)
@@ -298,12 +298,13 @@ class Search:
         self._inflight: dict[str, threading.Event] = {}
         self.hcm_config = hcm.HCMConfig(n_proposals=cfg.proposals, k_idea=cfg.k_idea,
                                         k_hyp=cfg.k_hyp, max_repairs=cfg.repairs)
-        self.context = hcm.TaskContext(
-            name=task.name,
-            background=hcm.kernel_background(task_description=task.description,
-                                             hardware=_hardware_name(device),
-                                             reference_src=task.reference_src),
-        )
+        background = hcm.kernel_background(task_description=task.description,
+                                           hardware=_hardware_name(device),
+                                           reference_src=task.reference_src)
+        # Each island names itself in its prompts: islands start from the same empty state, and with a
+        # deterministic LLM (temperature 0, a local server) identical prompts would make them clones.
+        self.contexts = [hcm.TaskContext(name=f"{task.name} (search island {i + 1} of {cfg.islands})",
+                                         background=background) for i in range(cfg.islands)]
         self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)])
 
     def _new_island(self, i: int) -> Island:
@@ -382,7 +383,7 @@ class Search:
 
     def _generation(self, island: Island):
         parent = self._parent(island)
-        return hcm.run_generation(island.pool, island.log, task=self.context, parent=parent,
+        return hcm.run_generation(island.pool, island.log, task=self.contexts[island.index], parent=parent,
                                   llm=self.llm_main, cheap_llm=self.llm_cheap, execute=self._execute,
                                   config=self.hcm_config, rng=island.rng)
 
@@ -394,10 +395,10 @@ class Search:
         island.forced_parent = None
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
-        pid = source_id(gen.program) if gen.program else None
+        pid = gen.program_id or None
         if score is not None and pid:
             island.elites = sorted([p for p in island.elites if p.id != pid] + [Program(pid, score)],
-                                   key=lambda p: p.score)[:TOURNAMENT_TOP_K * 4]
+                                   key=lambda p: p.score)[:TOURNAMENT_TOP_K]
             if island.best is None or score < island.best.score:
                 island.best = Program(pid, score)
             self._update_global_best(island, pid, score)
@@ -431,8 +432,7 @@ class Search:
             island.pool = hcm.IdeaPool.from_dict(point["pool"])
             island.elites = [Program(**p) for p in point["elites"]]
             island.snapshots.append(island.restore_point())
-            record.update(action="backtrack", restored_index=k,
-                          restored_generation=k, ideas=len(island.pool.ideas))
+            record.update(action="backtrack", restored_index=k, ideas=len(island.pool.ideas))
         else:                                                                   # line 29
             partner = self.islands[action]
             island.forced_parent = partner.best.id
@@ -440,7 +440,7 @@ class Search:
                 island.elites = sorted(island.elites + [partner.best], key=lambda p: p.score)
             merged = hcm.merge_pools(island.pool, partner.pool)
             notes = hcm.prune_pool(island.pool, island.log, llm=self.llm_cheap or self.llm_main,
-                                   config=self.hcm_config, task=self.context)
+                                   config=self.hcm_config, task=self.contexts[island.index])
             record.update(action="crossover", partner=action, parent=partner.best.id,
                           merged_ideas=merged, pruned=notes)
         island.momentum.reset()
@@ -500,7 +500,7 @@ class Search:
                 "islands": [i.to_dict() for i in self.islands], "global_best": self.global_best,
                 "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
-                "events": self.rundir.event_count()}
+                "events": self.rundir.events_written}
 
     def checkpoint(self) -> None:
         write_atomic(self.rundir.path / "checkpoint.json", json.dumps(self.state()))

@@ -2,6 +2,7 @@
 the real evaluator, two islands, Algorithm 2, the run directory, resume, and the start-up messages."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,14 +75,21 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def _serve(llm: RuleBasedLLM):
+    """A local OpenAI-compatible server answering with `llm`; yields its base URL."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_FakeOpenAI,), {"llm": llm}))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+
+
 @pytest.fixture(scope="module")
 def server():
-    handler = type("Handler", (_FakeOpenAI,), {"llm": RuleBasedLLM(PROGRAMS, seed=3, variants=True)})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
+    with _serve(RuleBasedLLM(PROGRAMS, seed=3, variants=True)) as base_url:
+        yield base_url
 
 
 def _env():
@@ -168,13 +176,8 @@ def _chunked(size: int) -> str:
 
 
 def test_interventions_show_backtrack_and_crossover(tmp_path):
-    handler = type("Handler", (_FakeOpenAI,), {
-        "llm": RuleBasedLLM([HONEST, _chunked(4), _chunked(1), SLOW], seed=5, variants=True)})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     task = _loop_task(tmp_path / "loop_conv_groupnorm.py")
-    base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    try:
+    with _serve(RuleBasedLLM([HONEST, _chunked(4), _chunked(1), SLOW], seed=5, variants=True)) as base_url:
         for seed in (1, 2, 3):   # the draw of actions is random: at most three runs to see both kinds
             out = tmp_path / f"run{seed}"
             args = _args(base_url, out, tmp_path / "cache", seed=seed)
@@ -184,8 +187,6 @@ def test_interventions_show_backtrack_and_crossover(tmp_path):
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             if {"backtrack", "crossover"} <= _action_kinds(out):
                 break
-    finally:
-        httpd.shutdown()
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     actions = [e for e in events if e["type"] == "action"]
     assert {"backtrack", "crossover"} <= {e["action"] for e in actions}, actions
