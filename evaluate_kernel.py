@@ -343,6 +343,8 @@ class _Worker:
         self._rfd = r
         self._buf = b""
         self.nonce = secrets.token_hex(16)
+        self.prepped = False  # runners: "prep" sent
+        self.ready = False  # runners: "ready" received (start-up done)
 
     def send(self, msg: dict) -> None:
         msg = dict(msg, nonce=self.nonce)
@@ -431,11 +433,16 @@ def _install_build_defaults(cfg: dict) -> dict:
 
     Candidates write ordinary load_inline calls; the wrapper only adds flags and records failures, so a
     failed build is reported as compile_error and everything else the module does is left to the run.
+    The builder records each call's arguments beside the built library; the runner then imports that
+    library directly when its call is the same, instead of asking ninja again (which rebuilds whenever the
+    shared precompiled header changed, for instance when another program's load_inline deleted it).
     """
+    import inspect
     from torch.utils import cpp_extension as ce
     record: dict[str, Any] = {"calls": 0, "error": None}
     original = ce.load_inline
     pch_ok = cfg.get("use_pch") and hasattr(ce, "_check_and_build_extension_h_precompiler_headers")
+    seen: set[str] = set()
 
     def load_inline(*args, **kw):
         record["calls"] += 1
@@ -444,20 +451,49 @@ def _install_build_defaults(cfg: dict) -> dict:
         user_cflags = list(kw.get("extra_cflags") or [])
         kw["extra_cflags"] = list(cfg.get("cflags", [])) + user_cflags
         kw["extra_cuda_cflags"] = list(cfg.get("cuda_cflags", [])) + list(kw.get("extra_cuda_cflags") or [])
+        try:
+            bound = inspect.signature(original).bind(*args, **kw).arguments
+        except TypeError:
+            bound = None  # torch reports the bad call itself
+        fingerprint = _call_fingerprint(bound) if bound else None
+        name = str(bound["name"]) if bound else ""
+        build_dir = ce._get_build_directory(name, False) if bound and hasattr(ce, "_get_build_directory") else ""
+        stamp = os.path.join(build_dir, "pacevolve-call.sha256")
+        reusable = (cfg.get("prebuilt") and fingerprint and name not in seen and bound.get("is_python_module", True)
+                    and not bound.get("is_standalone", False) and hasattr(ce, "_import_module_from_library"))
+        seen.add(name)
+        if reusable and _read(stamp) == fingerprint and os.path.exists(os.path.join(build_dir, name + ".so")):
+            return ce._import_module_from_library(name, build_dir, True)
         if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
             _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
             kw["use_pch"] = True
         try:
-            return original(*args, **kw)
+            module = original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
             raise
+        if fingerprint and build_dir and not cfg.get("prebuilt"):
+            with open(stamp, "w") as f:
+                f.write(fingerprint)
+        return module
 
     if pch_ok:
         # torch deletes the shared header when use_pch=False; builds that opt out must not break others.
         ce.remove_extension_h_precompiler_headers = lambda: None
     ce.load_inline = load_inline
     return record
+
+
+def _call_fingerprint(arguments: dict) -> str:
+    return hashlib.sha256(json.dumps(arguments, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
@@ -526,19 +562,28 @@ def _flat(out: Any) -> list:
 def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
     """Inputs for one trial: the task's own get_inputs() under a fresh seed, then a distribution transform.
 
-    Transforms run on CPU, so the reference worker and the candidate process build bit-identical inputs.
+    get_inputs() runs with the timing device as the default device, so its random tensors come from that
+    device's generator (drawing 64 MB on the CPU took ~0.1 s, on the GPU well under a millisecond). The
+    reference worker and the candidate process share the GPU and the seed, so they draw identical inputs.
     Scaled, negated, zero-mean and per-sample inputs expose shortcuts tuned to all-positive i.i.d. data
     (hacks 8, 11, 12, 14); the seeds are drawn per evaluation, unknown when the candidate was written.
     """
     import torch
     _set_seed(spec["seed"])
-    xs = list(ref_ns["get_inputs"]())
-    gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    try:
+        with torch.device(device):
+            xs = list(ref_ns["get_inputs"]())
+    except Exception:  # noqa: BLE001 - a get_inputs() that needs CPU tensors (.numpy() etc.) runs on the CPU
+        _set_seed(spec["seed"])
+        xs = list(ref_ns["get_inputs"]())
+    gen = torch.Generator(device=device).manual_seed(spec["seed"] + 1)
     out = []
     for x in xs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            x = _transform(x, spec["dist"], gen)
-        out.append(x.to(device) if isinstance(x, torch.Tensor) else x)
+        if isinstance(x, torch.Tensor):
+            x = x.to(device)
+            if x.is_floating_point():
+                x = _transform(x, spec["dist"], gen)
+        out.append(x)
     return out
 
 
@@ -552,8 +597,8 @@ def _transform(x, dist: str, gen):
         return x - x.mean()
     if dist == "per_sample" and x.dim() >= 1:
         shape = (x.shape[0],) + (1,) * (x.dim() - 1)
-        scale = torch.rand(shape, generator=gen, dtype=x.dtype) * 1.5 + 0.5
-        offset = torch.randn(shape, generator=gen, dtype=x.dtype)
+        scale = torch.rand(shape, generator=gen, dtype=x.dtype, device=x.device) * 1.5 + 0.5
+        offset = torch.randn(shape, generator=gen, dtype=x.dtype, device=x.device)
         return x * scale + offset
     return x
 
@@ -678,31 +723,68 @@ def _role_build(job: dict, send) -> None:
                   "deferred_error": _short_traceback(e), "calls": record["calls"]})
 
 
-def _role_run(job: dict, send, recv) -> None:
+def _prepare_runner(prep: dict, send, stdin: "_LineReader") -> dict:
+    """Everything a runner does before it sees a candidate: torch set up, CUDA and its libraries warm, the
+    reference module loaded, the guard snapshot taken. A spare runner does this while no candidate waits.
+
+    This work happens only under the device's lock: a spare takes the file lock itself, unless its job
+    arrives first (the parent holds the lock for it then), so a spare warming up never overlaps a timing.
+    """
+    import torch
+    marks = {"torch_imported": time.time()}
+    device = torch.device(prep["device"])
+    lock = _take_gpu_lock(prep.get("gpu_lock"), stdin)
+    try:
+        _setup_torch(prep, device)
+        # Warm the libraries before the guard snapshot, so their own helper threads are not blamed on the candidate.
+        a = torch.randn(64, 64, device=device)
+        (a @ a).sum().item()
+        torch.nn.functional.conv2d(a.view(1, 1, 64, 64), a[:3, :3].reshape(1, 1, 3, 3)).sum().item()
+        _reset_persisting_l2(device)
+    finally:
+        if lock is not None:
+            lock.close()  # closing the file releases the lock
+    marks["cuda_ready"] = time.time()
+    state = {"device": device, "ref_ns": _exec_source(prep["reference_src"], "<reference>"), "guard": _Guard()}
+    marks["reference_ready"] = time.time()
+    send({"kind": "ready", "marks": marks})
+    return state
+
+
+def _take_gpu_lock(path: str | None, stdin: "_LineReader"):
+    """The GPU's file lock, or None as soon as a job line is waiting (its sender holds the lock)."""
+    if not path:
+        return None
+    f = open(path, "a")
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if stdin.wait(0.02):
+                f.close()
+                return None
+
+
+def _role_run(job: dict, state: dict, send, recv) -> None:
     """The candidate process (also used for the baseline with the reference Model). Used once."""
     import torch
-    device = torch.device(job["device"])
-    _setup_torch(job, device)
-    # Warm the libraries before the guard snapshot, so their own helper threads are not blamed on the candidate.
-    a = torch.randn(64, 64, device=device)
-    (a @ a).sum().item()
-    torch.nn.functional.conv2d(a.view(1, 1, 64, 64), a[:3, :3].reshape(1, 1, 3, 3)).sum().item()
-    _reset_persisting_l2(device)
-    guard = _Guard()
-    ref_ns = _exec_source(job["reference_src"], "<reference>")
+    device, ref_ns, guard = state["device"], state["ref_ns"], state["guard"]
+    marks = {"job_received": time.time()}
     flags: list[str] = []
     t0 = time.perf_counter()
     try:
         if job["mode"] == "baseline":
             cls = ref_ns["Model"]
         else:
-            _install_build_defaults(job["build"])
+            _install_build_defaults(dict(job["build"], prebuilt=True))
             cls = _exec_source(job["candidate_src"], "<candidate>")["ModelNew"]
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "import", "error": _short_traceback(e)})
         return
     flags += guard.problems("after import")
     load_s = time.perf_counter() - t0
+    marks["candidate_loaded"] = time.time()
 
     outputs, cand_names, t_check = [], [], time.perf_counter()
     models: dict[tuple, Any] = {}
@@ -734,8 +816,9 @@ def _role_run(job: dict, send, recv) -> None:
         return
     path = os.path.join(job["work_dir"], "trials.pt")
     torch.save({"outputs": outputs}, path)
+    marks["trials_done"] = time.time()
     send({"kind": "outputs", "path": path, "names": cand_names, "flags": flags, "load_s": load_s,
-          "check_s": time.perf_counter() - t_check})
+          "check_s": time.perf_counter() - t_check, "marks": marks})
     if recv().get("cmd") != "time":
         return
     try:
@@ -860,20 +943,58 @@ def _role_ref(job: dict, send, recv) -> None:
     _setup_torch(job, device)
     ref_ns = _exec_source(job["reference_src"], "<reference>")
     models: dict[tuple, Any] = {(42, False): _build_model(ref_ns["Model"], ref_ns, 42, False, device)[0]}
+    prepared: dict[str, list] = {}
     send({"kind": "ready", "ref_names": _small_param_names(models), **_device_info(device)})
     while True:
         req = recv()
         if req.get("cmd") == "quit":
             return
         try:
-            send(_ref_request(req, ref_ns, models, device))
+            if req.get("cmd") == "prepare":
+                prepared.clear()  # at most one evaluation's reference outputs are kept
+                held = 0
+                for item in req["items"]:
+                    outs = _reference_outputs(item, ref_ns, models, device)
+                    held += sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor))
+                    if held <= req.get("max_bytes", 1 << 31):
+                        prepared[_item_key(item)] = outs
+                    del outs
+                    if held > req.get("max_bytes", 1 << 31):
+                        break  # big outputs: the rest is computed at comparison time, one at a time
+                reply = {"kind": "prepared", "count": len(prepared)}
+            else:
+                reply = _ref_compare(req, ref_ns, models, prepared, device)
         except BaseException as e:  # noqa: BLE001
-            send({"kind": "error", "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]})
+            reply = {"kind": "error", "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
         if device.type == "cuda":
-            torch.cuda.empty_cache()
+            if req.get("cmd") != "prepare":
+                torch.cuda.empty_cache()
+            torch.cuda.synchronize()  # all our GPU work is over before the reply: a timing may start on it
+        send(reply)
 
 
-def _ref_request(req: dict, ref_ns: dict, models: dict, device) -> dict:
+def _item_key(item: dict) -> str:
+    spec = item["spec"]
+    perturb = spec["perturb"] and item.get("names_match", False)
+    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], perturb, item.get("scale", 1.0)])
+
+
+def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
+    import torch
+    spec = item["spec"]
+    perturb = spec["perturb"] and item.get("names_match", False)
+    key = (spec["weight_seed"], perturb)
+    if key not in models:
+        models.clear()  # keep at most one set of weights resident
+        models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], perturb, device)[0]
+    xs = _make_inputs(ref_ns, spec, device)
+    if item.get("scale", 1.0) != 1.0:
+        xs = [x * item["scale"] if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
+    with torch.no_grad():
+        return [r.detach() for r in _flat(models[key](*xs))]
+
+
+def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) -> dict:
     import torch
     loaded = torch.load(req["path"], map_location="cpu", weights_only=True)  # tensors only: nothing executes
     if not isinstance(loaded, dict):
@@ -883,18 +1004,10 @@ def _ref_request(req: dict, ref_ns: dict, models: dict, device) -> dict:
     for item in req["items"]:
         if item["index"] >= len(produced):
             raise ValueError("fewer outputs than trials")
-        outs, spec = produced[item["index"]], item["spec"]
-        perturb = spec["perturb"] and item.get("names_match", False)
-        key = (spec["weight_seed"], perturb)
-        if key not in models:
-            models.clear()  # keep at most one set of weights resident
-            models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], perturb, device)[0]
-        xs = _make_inputs(ref_ns, spec, device)
-        if item.get("scale", 1.0) != 1.0:
-            xs = [x * item["scale"] if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
-        with torch.no_grad():
-            ref = [r.detach() for r in _flat(models[key](*xs))]
-        results.append(compare_outputs(outs, ref, req["rtol"], req["atol"], req["l2_tol"]))
+        ref = prepared.pop(_item_key(item), None)
+        if ref is None:
+            ref = _reference_outputs(item, ref_ns, models, device)
+        results.append(compare_outputs(produced[item["index"]], ref, req["rtol"], req["atol"], req["l2_tol"]))
     return {"kind": "compared", "results": results, "ref_names": _small_param_names(models)}
 
 
@@ -962,27 +1075,67 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
     return worst
 
 
+class _LineReader:
+    """Lines from stdin, read unbuffered, so "is a line waiting?" has an honest answer (select on a
+    buffered stream misses lines already pulled into its buffer)."""
+
+    def __init__(self, fd: int = 0):
+        self.fd, self.buf = fd, b""
+
+    def wait(self, timeout: float) -> bool:
+        if b"\n" in self.buf:
+            return True
+        if select.select([self.fd], [], [], timeout)[0]:
+            chunk = os.read(self.fd, 1 << 16)
+            self.buf += chunk if chunk else b"\n"  # EOF reads as an empty line
+        return b"\n" in self.buf
+
+    def readline(self) -> dict:
+        while not self.wait(3600):
+            pass
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line) if line.strip() else {"cmd": "quit"}
+
+
+def _pin_all_threads(cpus: list[int]) -> None:
+    # A prepared runner already has CUDA's and torch's helper threads; each thread has its own affinity.
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
 def _worker_main() -> None:
     fd = int(sys.argv[2])
     chan = os.fdopen(fd, "wb", buffering=0)
+    stdin = _LineReader()
     nonce_box: dict = {}
 
     def send(msg: dict) -> None:
         chan.write((json.dumps(dict(msg, nonce=nonce_box["n"])) + "\n").encode())
 
-    def recv() -> dict:
-        line = sys.stdin.readline()
-        return json.loads(line) if line else {"cmd": "quit"}
-
     if sys.argv[3:] == ["warm"]:
-        # A spare runner: pay for the torch import while waiting for a job. CUDA is initialised only when
-        # the job arrives, so a spare starting up never disturbs a timing in progress on its GPU.
+        # A spare runner pays for the torch import while the previous candidate runs; CUDA waits for "prep".
         import torch  # noqa: F401
         import torch.utils.cpp_extension  # noqa: F401
-    job = recv()
+    job = stdin.readline()
     nonce_box["n"] = job.pop("nonce", "")
+    state = None
+    if job["role"] == "prep":  # a runner: get ready first, then take one job
+        try:
+            state = _prepare_runner(job, send, stdin)
+        except BaseException as e:  # noqa: BLE001
+            send({"kind": "error", "where": "runner start-up", "error": f"{type(e).__name__}: {e}"})
+            os._exit(1)
+        job = stdin.readline()
+        job.pop("nonce", None)
     if job.get("cpus"):
-        os.sched_setaffinity(0, job["cpus"])  # inherited by compilers the candidate's build starts
+        _pin_all_threads(job["cpus"])  # also inherited by compilers the candidate's build starts
     os.environ.update(job.get("env", {}))  # build dir and arch list of this candidate
     if job.get("timing"):
         job["timing"]["_send"] = send
@@ -990,9 +1143,9 @@ def _worker_main() -> None:
     if role == "build":
         _role_build(job, send)
     elif role == "run":
-        _role_run(job, send, recv)
+        _role_run(job, state, send, stdin.readline)
     elif role == "ref":
-        _role_ref(job, send, recv)
+        _role_ref(job, send, stdin.readline)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks or finalizers must not run late
 
@@ -1013,7 +1166,9 @@ class Options:
     run_timeout_s: float = 300.0
     warmup: int = 5
     warmup_ms: float = 100.0  # and at least this much warm-up work (GPU clocks ramp up)
-    warm_runners: bool = True  # keep one pre-started runner per device
+    warm_runners: bool = True  # start runner processes ahead of need (torch imported, CUDA up)
+    spare_runners: int = 3  # per device, when the runner has a core of its own (else 1)
+    prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials
     pin_cpus: bool = True  # a reserved core per device runner when there are enough cores
     timing_iters: int = 100
     verify_calls: int = 3  # timed calls whose outputs are checked against the reference
@@ -1048,22 +1203,88 @@ class _Device:
         self.ref: _Worker | None = None
         self.ref_lock = threading.Lock()
         self.info = self._start_ref()
-        self.spare: _Worker | None = None
-        self.refill()
+        # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
+        # the others only import torch. A new evaluation then starts with a ready process.
+        self.spares: list[_Worker] = []
+        self.pinned = ev._runner_cpus[0] is not None
+        if ev.opts.warm_runners:
+            self.spares = [self._spawn()]
+            self._prep(self.spares[0], self.gpu_lock_path)  # no lock held here: the spare takes it itself
 
-    def refill(self) -> None:
-        """Start the next runner now (torch imported while we wait), so an evaluation skips the start-up."""
-        if self.ev.opts.warm_runners and not self.ev._closed:
-            self.spare = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"),
-                                 warm=True)
+    def _spawn(self) -> _Worker:
+        """A runner process that imports torch at once, on the cores not reserved for timing."""
+        w = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"), warm=True)
+        if self.ev._other_cpus:
+            try:
+                os.sched_setaffinity(w.proc.pid, self.ev._other_cpus)
+            except OSError:
+                pass
+        return w
+
+    def _prep(self, w: _Worker, lock_path: str | None) -> None:
+        w.send(self.ev._job("prep", device=self.ev._torch_device(), gpu_lock=lock_path))
+        w.prepped = True
 
     def take_runner(self) -> _Worker:
-        w, self.spare = self.spare, None
-        if w is None or w.proc.poll() is not None:
-            if w is not None:
-                w.kill()
-            w = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"))
+        """A fresh runner for one evaluation; called with the GPU's lock held."""
+        while self.spares and self.spares[0].proc.poll() is not None:
+            dead = self.spares.pop(0)
+            dead.kill()
+            _remove(dead.log_path)
+        w = self.spares.pop(0) if self.spares else self._spawn()
+        if not w.prepped:
+            self._prep(w, None)  # we hold the lock: it must not wait for it
+        if self.pinned:  # the runner has a core of its own: spares may start while it works
+            self._top_up()
         return w
+
+    def _top_up(self, prep: bool = True) -> None:
+        if self.ev.opts.warm_runners and not self.ev._closed:
+            # Importing torch takes a few seconds, an evaluation of a built candidate about one: several
+            # spares start side by side on the other cores, so back-to-back evaluations never wait for one.
+            depth = max(1, self.ev.opts.spare_runners) if self.pinned else 1
+            while len(self.spares) < depth:
+                self.spares.append(self._spawn())
+            # The next runner initialises CUDA now, during this evaluation's untimed part (settle_spare()).
+            if prep and not self.spares[0].prepped:
+                self._prep(self.spares[0], None)
+
+    def settle_spare(self, final: bool = False, timeout: float = 120.0) -> None:
+        """Wait until the prepared spare's start-up is over: called before timing and before the lock goes.
+
+        Without a core of its own the runner would share the CPU with a starting spare, so then the one
+        spare starts only here, after the evaluation, and is prepared when its evaluation takes it.
+        """
+        if final and not self.pinned:
+            self._top_up(prep=False)
+            return
+        w = self.spares[0] if self.spares else None
+        if w is None or not w.prepped or w.ready:
+            return
+        try:
+            msg = w.recv(timeout)
+            w.ready = msg.get("kind") == "ready"
+        except (TimeoutError, EOFError):
+            w.ready = False
+        if not w.ready:  # a spare that failed to start is replaced by a cold runner later
+            self.spares.pop(0)
+            w.kill()
+            _remove(w.log_path)
+
+    def pause_spares(self, pause: bool = True) -> None:
+        """Stop starting spares (SIGSTOP) for the timed window: importing torch is seconds of CPU and memory
+        traffic that the timing should not share the machine with; SIGCONT resumes them."""
+        for w in self.spares:
+            try:
+                os.killpg(w.proc.pid, signal.SIGSTOP if pause else signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:
+        for w in self.spares:
+            w.kill()
+            _remove(w.log_path)
+        self.spares = []
 
     def env(self) -> dict[str, str]:
         extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
@@ -1119,6 +1340,7 @@ class Evaluator:
         self._build_locks: dict[str, threading.Lock] = {}
         self._state_lock = threading.Lock()
         self._closed = False
+        self._spare_builder: _Worker | None = None
         if gpus is None:
             gpus = list(range(_cuda_count())) if device == "cuda" else [0]
         if device == "cuda" and not gpus:
@@ -1182,9 +1404,30 @@ class Evaluator:
             extra["TORCH_CUDA_ARCH_LIST"] = self._arch
         return extra
 
-    def _build_env(self, h: str) -> dict[str, str]:
+    def _take_builder(self) -> _Worker:
+        """A build process with torch already imported (the next one starts now); per-source settings
+        (build directory, arch list) travel in the job."""
+        with self._state_lock:
+            w, self._spare_builder = self._spare_builder, None
+            if self.opts.warm_runners and not self._closed:
+                self._spare_builder = self._spawn_builder()
+        if w is None or w.proc.poll() is not None:
+            if w is not None:
+                w.kill()
+                _remove(w.log_path)
+            w = self._spawn_builder()
+        return w
+
+    def _spawn_builder(self) -> _Worker:
         # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
-        return self._env(CUDA_VISIBLE_DEVICES="", **self._ext_extras(h))
+        w = _Worker(self._env(CUDA_VISIBLE_DEVICES=""), os.path.join(self.cache_dir, f"build-{secrets.token_hex(6)}.log"),
+                    warm=True)
+        if self._other_cpus:
+            try:
+                os.sched_setaffinity(w.proc.pid, self._other_cpus)
+            except OSError:
+                pass
+        return w
 
     # ---------------------------------------------------------------- public API
     def baseline_ms(self, gpu: int | None = None) -> float:
@@ -1222,11 +1465,12 @@ class Evaluator:
 
     def close(self) -> None:
         self._closed = True
+        builder, self._spare_builder = getattr(self, "_spare_builder", None), None
+        if builder is not None:
+            builder.kill()
+            _remove(builder.log_path)
         for dev in getattr(self, "devices", []):
-            if dev.spare is not None:
-                dev.spare.kill()
-                _remove(dev.spare.log_path)
-                dev.spare = None
+            dev.close()
             if dev.ref is not None:
                 try:
                     dev.ref.send({"cmd": "quit"})
@@ -1268,10 +1512,11 @@ class Evaluator:
                 return None
             with self._build_sem:
                 os.makedirs(os.path.dirname(marker), exist_ok=True)
-                w = _Worker(self._build_env(h), os.path.join(os.path.dirname(marker), "build.log"))
                 t0 = time.monotonic()
+                w = self._take_builder()
                 try:
-                    w.send({"role": "build", "candidate_src": src, "build": self._build_cfg(), "cpus": self._other_cpus})
+                    w.send({"role": "build", "candidate_src": src, "build": self._build_cfg(), "cpus": self._other_cpus,
+                            "env": self._ext_extras(h)})
                     msg = w.recv(self.opts.build_timeout_s)
                 except TimeoutError:
                     return EvalResult("timeout", message=f"build exceeded {self.opts.build_timeout_s:.0f} s",
@@ -1281,6 +1526,9 @@ class Evaluator:
                                       details=details)
                 finally:
                     w.kill()
+                    details["build_wall_s"] = round(time.monotonic() - t0, 3)
+                    _move(w.log_path, os.path.join(os.path.dirname(marker), "build.log"))
+                    w.log_path = os.path.join(os.path.dirname(marker), "build.log")
             details["compile_s"] = round(msg.get("compile_s", time.monotonic() - t0), 3)
             if msg["kind"] == "compile_error":
                 log = w.log_tail(200000) + "\n" + msg["error"]
@@ -1332,34 +1580,65 @@ class Evaluator:
                         timing=timing, work_dir=work, build=self._build_cfg(), poison_bytes=self.opts.poison_bytes,
                         env=self._ext_extras(h), cpus=self._runner_cpus[self.devices.index(dev)])
         lock_cm = _NullCtx() if locked else dev.lock
+        t_wait = time.monotonic()
         try:
             with lock_cm, _FileLock(dev.gpu_lock_path):
+                details["phases"] = {"gpu_wait": round(time.monotonic() - t_wait, 3)}
                 w = dev.take_runner()
+                # The reference worker computes its outputs while the candidate computes its own (not timed).
+                prepare = _Background(dev.ref_call, {"cmd": "prepare", "max_bytes": self.opts.prepare_bytes, "items": [
+                    {"spec": s, "index": k} for k, s in enumerate(specs) if not s["perturb"]]}) \
+                    if mode == "candidate" else None
                 try:
-                    return self._drive(w, job, dev, specs, details)
+                    return self._drive(w, job, dev, specs, details, prepare)
                 finally:
-                    w.kill()
+                    dev.pause_spares(False)
+                    if prepare is not None:
+                        prepare.wait()  # nothing of this evaluation may still run when the GPU lock goes
+                    w.kill()  # used once: a fresh process per evaluation
                     _remove(w.log_path)
-                    dev.refill()  # used once, replaced: a fresh process per evaluation
+                    dev.settle_spare(final=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def _drive(self, w: _Worker, job: dict, dev: _Device, specs: list, details: dict) -> EvalResult:
-        deadline = time.monotonic() + self.opts.run_timeout_s
+    def _drive(self, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
+               prepare: "_Background | None") -> EvalResult:
+        t0 = time.monotonic()
+        deadline = t0 + self.opts.run_timeout_s
+        phases = details["phases"]
 
         def recv() -> dict:
             return w.recv(max(0.0, deadline - time.monotonic()))
 
+        def mark(name: str, since: float) -> float:
+            now = time.monotonic()
+            phases[name] = round(now - since, 3)
+            return now
+
         try:
+            sent = time.time()
             w.send(job)
             msg = recv()
+            if msg["kind"] == "ready":  # the runner's start-up report (unless already read by settle_spare)
+                msg = recv()
+            t = time.monotonic()
             if msg["kind"] != "outputs":
                 return self._failure(msg, details)
+            marks = msg.get("marks", {})
+            if {"job_received", "candidate_loaded", "trials_done"} <= set(marks):  # the runner's clock
+                phases["runner_start"] = round(max(0.0, marks["job_received"] - sent), 3)  # ~0: a spare waited
+                phases["load"] = round(marks["candidate_loaded"] - marks["job_received"], 3)  # its load_inline
+                phases["trials"] = round(marks["trials_done"] - marks["candidate_loaded"], 3)
             details["flags"] += msg.get("flags", [])
             if job["mode"] == "candidate":
+                prepare.wait()
                 bad = self._check_trials(msg, dev, specs, details)
                 if bad is not None:
                     return bad
+            t = mark("compare", t)
+            dev.settle_spare()  # the next runner's CUDA start-up must not overlap this timing
+            t = mark("spare_wait", t)
+            dev.pause_spares()  # resumed by _run when this evaluation ends, however it ends
             w.send({"cmd": "time"})
             rounds, t_start = [], None
             msg = recv()
@@ -1391,9 +1670,11 @@ class Evaluator:
         details["timing"] = {"samples_ms": msg["samples"], "median_ms": median, "iqr_ms": iqr,
                              "spread": iqr / median if median else None, "host_ms_per_call": host_ms,
                              "io_bytes": msg.get("io_bytes", 0)}
-        details["time_s"] = round(time.monotonic() - deadline + self.opts.run_timeout_s, 3)
+        t = mark("timing", t)
+        details["time_s"] = round(time.monotonic() - t0, 3)
         if job["mode"] == "candidate":
             bad = self._check_timed(msg, dev, specs, details)
+            mark("verify", t)
             if bad is not None:
                 return bad
             if details["flags"]:
@@ -1494,6 +1775,25 @@ class Evaluator:
         return t
 
 
+class _Background:
+    """fn(arg) on a thread; wait() returns its result, or None if it raised."""
+
+    def __init__(self, fn, arg):
+        self._result = None
+        self._thread = threading.Thread(target=self._call, args=(fn, arg), daemon=True)
+        self._thread.start()
+
+    def _call(self, fn, arg) -> None:
+        try:
+            self._result = fn(arg)
+        except Exception:  # noqa: BLE001 - the comparison that follows recomputes what is missing
+            self._result = None
+
+    def wait(self):
+        self._thread.join()
+        return self._result
+
+
 class _NullCtx:
     def __enter__(self):
         return self
@@ -1528,6 +1828,13 @@ def _quantile(sorted_vals: list[float], q: float) -> float:
 def _remove(path: str) -> None:
     try:
         os.remove(path)
+    except OSError:
+        pass
+
+
+def _move(src: str, dst: str) -> None:
+    try:
+        os.replace(src, dst)
     except OSError:
         pass
 
