@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,9 +337,9 @@ class _Worker:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", str(w)] + (["warm"] if warm else []),
-            stdin=subprocess.PIPE,
-            stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,), env=env, start_new_session=True)
+            [sys.executable, os.path.abspath(__file__), "--worker", str(w)] + (["warm", str(os.getpid())] if warm else []),
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,), env=env,
+            start_new_session=True, preexec_fn=_die_with_parent_preexec() if warm else None)
         os.close(w)
         self._rfd = r
         self._buf = b""
@@ -1110,6 +1111,24 @@ def _pin_all_threads(cpus: list[int]) -> None:
             pass
 
 
+def _die_with_parent_preexec():
+    """For spares: SIGKILL when the thread that started them ends (the evaluator's spawner thread, or the
+    whole evaluator). A spare is SIGSTOPped while a candidate is timed; a stopped process never sees its
+    pipes close, so without this a killed evaluator would leave it behind, holding memory and possibly a
+    CUDA context. Set between fork and exec, so there is no moment when a spare could be stopped without it."""
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, in the parent
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _check_parent(parent_pid: int) -> None:
+    if os.getppid() != parent_pid:  # the evaluator died before the child's prctl took effect
+        os._exit(0)
+
+
 def _worker_main() -> None:
     fd = int(sys.argv[2])
     chan = os.fdopen(fd, "wb", buffering=0)
@@ -1119,8 +1138,9 @@ def _worker_main() -> None:
     def send(msg: dict) -> None:
         chan.write((json.dumps(dict(msg, nonce=nonce_box["n"])) + "\n").encode())
 
-    if sys.argv[3:] == ["warm"]:
-        # A spare runner pays for the torch import while the previous candidate runs; CUDA waits for "prep".
+    if sys.argv[3:4] == ["warm"]:
+        # A spare pays for the torch import while the previous candidate runs; CUDA waits for "prep".
+        _check_parent(int(sys.argv[4]))
         import torch  # noqa: F401
         import torch.utils.cpp_extension  # noqa: F401
     job = stdin.readline()
@@ -1213,13 +1233,7 @@ class _Device:
 
     def _spawn(self) -> _Worker:
         """A runner process that imports torch at once, on the cores not reserved for timing."""
-        w = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"), warm=True)
-        if self.ev._other_cpus:
-            try:
-                os.sched_setaffinity(w.proc.pid, self.ev._other_cpus)
-            except OSError:
-                pass
-        return w
+        return self.ev._spawn_warm(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"))
 
     def _prep(self, w: _Worker, lock_path: str | None) -> None:
         w.send(self.ev._job("prep", device=self.ev._torch_device(), gpu_lock=lock_path))
@@ -1341,6 +1355,7 @@ class Evaluator:
         self._state_lock = threading.Lock()
         self._closed = False
         self._spare_builder: _Worker | None = None
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
         if gpus is None:
             gpus = list(range(_cuda_count())) if device == "cuda" else [0]
         if device == "cuda" and not gpus:
@@ -1420,14 +1435,24 @@ class Evaluator:
 
     def _spawn_builder(self) -> _Worker:
         # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
-        w = _Worker(self._env(CUDA_VISIBLE_DEVICES=""), os.path.join(self.cache_dir, f"build-{secrets.token_hex(6)}.log"),
-                    warm=True)
-        if self._other_cpus:
-            try:
-                os.sched_setaffinity(w.proc.pid, self._other_cpus)
-            except OSError:
-                pass
-        return w
+        return self._spawn_warm(self._env(CUDA_VISIBLE_DEVICES=""),
+                                os.path.join(self.cache_dir, f"build-{secrets.token_hex(6)}.log"))
+
+    def _spawn_warm(self, env: dict[str, str], log_path: str) -> _Worker:
+        """A worker that imports torch at once, started from one long-lived thread: workers die with the
+        thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived."""
+        def start() -> _Worker:
+            w = _Worker(env, log_path, warm=True)
+            if self._other_cpus:
+                try:
+                    os.sched_setaffinity(w.proc.pid, self._other_cpus)
+                except OSError:
+                    pass
+            return w
+        try:
+            return self._spawner.submit(start).result()
+        except RuntimeError:  # the spawner is shut down: closing
+            return start()
 
     # ---------------------------------------------------------------- public API
     def baseline_ms(self, gpu: int | None = None) -> float:
@@ -1478,6 +1503,8 @@ class Evaluator:
                     pass
                 dev.ref.kill()
                 dev.ref = None
+        if hasattr(self, "_spawner"):
+            self._spawner.shutdown(wait=False)
 
     def __enter__(self) -> "Evaluator":
         return self

@@ -556,3 +556,37 @@ def test_reference_outputs_beyond_the_memory_cap_are_computed_at_comparison(tmp_
         wrong = e.evaluate(variant("        return self.conv(x).sum(dim=1, keepdim=True)"))
     assert ok.status == "ok", ok.message
     assert wrong.status == "incorrect", wrong.message
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has already died
+    except OSError:
+        return False
+
+
+def test_stopped_spares_die_with_a_killed_evaluator(tmp_path):
+    """Spares are SIGSTOPped while a candidate is timed; if the evaluator is killed then, they must not
+    stay behind as frozen processes (they would hold memory and, on a GPU, a CUDA context)."""
+    import signal
+    import subprocess
+    import sys
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(Path(ek.__file__).parent)!r})
+import evaluate_kernel as ek
+ev = ek.Evaluator(open({str(HERE / 'reference_small.py')!r}).read(), device="cpu", cache_dir={str(tmp_path)!r})
+pids = [w.proc.pid for d in ev.devices for w in d.spares]
+print(" ".join(map(str, pids)), flush=True)
+for d in ev.devices:
+    d.pause_spares()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    pids = [int(p) for p in out.split()]
+    assert pids
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
