@@ -570,20 +570,21 @@ def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
     (hacks 8, 11, 12, 14); the seeds are drawn per evaluation, unknown when the candidate was written.
     """
     import torch
+    draw_on = device if spec.get("on_device", True) else torch.device("cpu")
     _set_seed(spec["seed"])
     try:
-        with torch.device(device):
+        with torch.device(draw_on):
             xs = list(ref_ns["get_inputs"]())
     except Exception:  # noqa: BLE001 - a get_inputs() that needs CPU tensors (.numpy() etc.) runs on the CPU
+        draw_on = torch.device("cpu")
         _set_seed(spec["seed"])
         xs = list(ref_ns["get_inputs"]())
-    gen = torch.Generator(device=device).manual_seed(spec["seed"] + 1)
+    gen = torch.Generator(device=draw_on).manual_seed(spec["seed"] + 1)
     out = []
     for x in xs:
         if isinstance(x, torch.Tensor):
+            x = _transform(x.to(draw_on), spec["dist"], gen) if x.is_floating_point() else x
             x = x.to(device)
-            if x.is_floating_point():
-                x = _transform(x, spec["dist"], gen)
         out.append(x)
     return out
 
@@ -1188,7 +1189,8 @@ class Options:
     warmup_ms: float = 100.0  # and at least this much warm-up work (GPU clocks ramp up)
     warm_runners: bool = True  # start runner processes ahead of need (torch imported, CUDA up)
     spare_runners: int = 3  # per device, when the runner has a core of its own (else 1)
-    prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials
+    prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials (0: off)
+    inputs_on_device: bool = True  # get_inputs() draws on the timing device (False: on the CPU, then copied)
     pin_cpus: bool = True  # a reserved core per device runner when there are enough cores
     timing_iters: int = 100
     verify_calls: int = 3  # timed calls whose outputs are checked against the reference
@@ -1582,8 +1584,8 @@ class Evaluator:
 
     def _trial_specs(self) -> list[dict]:
         seeds = [secrets.randbits(31) for _ in range(self.opts.trials)]
-        specs = [{"seed": s, "dist": _DISTS[k % len(_DISTS)], "weight_seed": 42, "perturb": False}
-                 for k, s in enumerate(seeds)]
+        specs = [{"seed": s, "dist": _DISTS[k % len(_DISTS)], "weight_seed": 42, "perturb": False,
+                  "on_device": self.opts.inputs_on_device} for k, s in enumerate(seeds)]
         if len(specs) >= 2:  # the last trial re-seeds and perturbs the weights
             specs[-1].update(dist="own", weight_seed=secrets.randbits(31), perturb=True)
         # Hack 1 again: the first input set once more, after poisoning; an output read from stale memory
@@ -1594,7 +1596,8 @@ class Evaluator:
         mode = "baseline" if src is None else "candidate"
         specs = self._trial_specs() if mode == "candidate" else []
         own = [s for s in specs if s["dist"] == "own" and not s["perturb"]][:2] or \
-              [{"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False} for _ in range(2)]
+              [{"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False,
+                "on_device": self.opts.inputs_on_device} for _ in range(2)]
         specs = specs or [own[0]]
         iters = self.opts.timing_iters
         timing = {"input_specs": own, "iters": iters, "warmup": self.opts.warmup, "warmup_ms": self.opts.warmup_ms,
@@ -1615,7 +1618,7 @@ class Evaluator:
                 # The reference worker computes its outputs while the candidate computes its own (not timed).
                 prepare = _Background(dev.ref_call, {"cmd": "prepare", "max_bytes": self.opts.prepare_bytes, "items": [
                     {"spec": s, "index": k} for k, s in enumerate(specs) if not s["perturb"]]}) \
-                    if mode == "candidate" else None
+                    if mode == "candidate" and self.opts.prepare_bytes > 0 else None
                 try:
                     return self._drive(w, job, dev, specs, details, prepare)
                 finally:
@@ -1658,7 +1661,8 @@ class Evaluator:
                 phases["trials"] = round(marks["trials_done"] - marks["candidate_loaded"], 3)
             details["flags"] += msg.get("flags", [])
             if job["mode"] == "candidate":
-                prepare.wait()
+                if prepare is not None:
+                    prepare.wait()
                 bad = self._check_trials(msg, dev, specs, details)
                 if bad is not None:
                     return bad

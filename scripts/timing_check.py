@@ -1,15 +1,16 @@
-"""Does the evaluator's timing agree with an independent timer, with and without its spare runners? (issue 7)
+"""Does the evaluator's timing agree with an independent timer, and what changes it? (issue 7)
 
 No build needed: the candidate is the reference itself, renamed ModelNew, so every figure is the same
-computation timed by (a) the evaluator with its default options, (b) the evaluator with
-warm_runners=False (a cold runner per evaluation, no spare processes), and (c) bench_eval.py's
+computation timed by the evaluator under each --config (Evaluator options; by default its defaults and
+warm_runners=False, i.e. a cold runner per evaluation and no spare processes) and by bench_eval.py's
 independent in-process CUDA-event + L2-flush timer, before and after.
 
-    python3 scripts/timing_check.py [--repeats 5]
+    python3 scripts/timing_check.py [--repeats 5] [--config default --config inputs_on_device=False ...]
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import statistics
@@ -39,16 +40,28 @@ def evaluator_runs(task, repeats: int, **options) -> tuple[float, list[float], l
     return base, runtimes, walls
 
 
+def parse_config(text: str) -> dict:
+    """"warm_runners=False,prepare_bytes=0" -> Evaluator options ("" or "default": none)."""
+    opts = {}
+    for part in filter(None, text.replace("default", "").split(",")):
+        key, value = part.split("=", 1)
+        opts[key.strip()] = ast.literal_eval(value.strip())
+    return opts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--task", default="conv_groupnorm")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--config", action="append", help='Evaluator options to compare, e.g. "default", '
+                    '"warm_runners=False", "inputs_on_device=False,prepare_bytes=0" (repeatable)')
     args = ap.parse_args()
+    configs = args.config or ["default", "warm_runners=False"]
     task = tasks.get(args.task)
     before, _ = bench_eval.independent_measurement(task, None)
     print(f"| timer | baseline ms | restated reference, each evaluation ms | spread | wall s each |\n|---|---|---|---|---|")
     print(f"| independent (before) | {before:.3f} | | | |")
-    for label, opts in (("evaluator, default", {}), ("evaluator, warm_runners=False", {"warm_runners": False})):
+    for label, opts in ((f"evaluator, {c}", parse_config(c)) for c in configs):
         base, runs, walls = evaluator_runs(task, args.repeats, **opts)
         med = statistics.median(runs)
         spread = (max(runs) - min(runs)) / med

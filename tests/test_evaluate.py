@@ -458,6 +458,17 @@ def test_gpu_pytorch_candidate_near_one_and_no_false_flags(gpu_results):
 
 
 @pytest.mark.gpu
+def test_gpu_inputs_drawn_on_the_cpu_option(tmp_path):
+    """inputs_on_device=False draws get_inputs() on the CPU in both the runner and the reference worker."""
+    with ek.Evaluator(GPU_REF, device="cuda", cache_dir=str(tmp_path), inputs_on_device=False,
+                      prepare_bytes=0) as e:
+        ok = e.evaluate(HONEST)
+        wrong = e.evaluate(variant("        return self.conv(x).sum(dim=1, keepdim=True)"))
+    assert ok.status == "ok", ok.message
+    assert wrong.status == "incorrect", wrong.message
+
+
+@pytest.mark.gpu
 def test_gpu_device_work_is_inside_the_window(gpu_ev):
     # Honest code that spins the GPU for ~1 ms: the event time must include it.
     body = "        torch.cuda._sleep(2_000_000)\n" + HONEST_BODY
