@@ -38,7 +38,8 @@ import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,6 +394,11 @@ class _Worker:
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def discard(self) -> None:
+        """Kill it and delete its log (a runner or spare whose output nobody will read)."""
+        self.kill()
+        _remove(self.log_path)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -954,15 +960,14 @@ def _role_ref(job: dict, send, recv) -> None:
         try:
             if req.get("cmd") == "prepare":
                 prepared.clear()  # at most one evaluation's reference outputs are kept
-                held = 0
+                held, cap, outs = 0, req.get("max_bytes", 1 << 31), None
                 for item in req["items"]:
                     outs = _reference_outputs(item, ref_ns, models, device)
                     held += sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor))
-                    if held <= req.get("max_bytes", 1 << 31):
-                        prepared[_item_key(item)] = outs
-                    del outs
-                    if held > req.get("max_bytes", 1 << 31):
+                    if held > cap:
                         break  # big outputs: the rest is computed at comparison time, one at a time
+                    prepared[_item_key(item)] = outs
+                del outs
                 reply = {"kind": "prepared", "count": len(prepared)}
             else:
                 reply = _ref_compare(req, ref_ns, models, prepared, device)
@@ -975,16 +980,20 @@ def _role_ref(job: dict, send, recv) -> None:
         send(reply)
 
 
+def _perturbed(item: dict) -> bool:
+    # The weight perturbation applies only when the candidate's parameter names match the reference's.
+    return item["spec"]["perturb"] and item.get("names_match", False)
+
+
 def _item_key(item: dict) -> str:
     spec = item["spec"]
-    perturb = spec["perturb"] and item.get("names_match", False)
-    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], perturb, item.get("scale", 1.0)])
+    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], _perturbed(item), item.get("scale", 1.0)])
 
 
 def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
     import torch
     spec = item["spec"]
-    perturb = spec["perturb"] and item.get("names_match", False)
+    perturb = _perturbed(item)
     key = (spec["weight_seed"], perturb)
     if key not in models:
         models.clear()  # keep at most one set of weights resident
@@ -1145,6 +1154,8 @@ def _worker_main() -> None:
         import torch  # noqa: F401
         import torch.utils.cpp_extension  # noqa: F401
     job = stdin.readline()
+    if "role" not in job:  # the evaluator closed our stdin before giving us work
+        os._exit(0)
     nonce_box["n"] = job.pop("nonce", "")
     state = None
     if job["role"] == "prep":  # a runner: get ready first, then take one job
@@ -1154,6 +1165,8 @@ def _worker_main() -> None:
             send({"kind": "error", "where": "runner start-up", "error": f"{type(e).__name__}: {e}"})
             os._exit(1)
         job = stdin.readline()
+        if "role" not in job:
+            os._exit(0)
         job.pop("nonce", None)
     if job.get("cpus"):
         _pin_all_threads(job["cpus"])  # also inherited by compilers the candidate's build starts
@@ -1245,8 +1258,7 @@ class _Device:
         """A fresh runner for one evaluation; called with the GPU's lock held."""
         while self.spares and self.spares[0].proc.poll() is not None:
             dead = self.spares.pop(0)
-            dead.kill()
-            _remove(dead.log_path)
+            dead.discard()
         w = self.spares.pop(0) if self.spares else self._spawn()
         if not w.prepped:
             self._prep(w, None)  # we hold the lock: it must not wait for it
@@ -1284,8 +1296,7 @@ class _Device:
             w.ready = False
         if not w.ready:  # a spare that failed to start is replaced by a cold runner later
             self.spares.pop(0)
-            w.kill()
-            _remove(w.log_path)
+            w.discard()
 
     def pause_spares(self, pause: bool = True) -> None:
         """Stop starting spares (SIGSTOP) for the timed window: importing torch is seconds of CPU and memory
@@ -1298,8 +1309,7 @@ class _Device:
 
     def close(self) -> None:
         for w in self.spares:
-            w.kill()
-            _remove(w.log_path)
+            w.discard()
         self.spares = []
 
     def env(self) -> dict[str, str]:
@@ -1358,6 +1368,7 @@ class Evaluator:
         self._closed = False
         self._spare_builder: _Worker | None = None
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
+        self._helpers = ThreadPoolExecutor(thread_name_prefix="pacevolve-prepare")  # reference prepares
         if gpus is None:
             gpus = list(range(_cuda_count())) if device == "cuda" else [0]
         if device == "cuda" and not gpus:
@@ -1430,8 +1441,7 @@ class Evaluator:
                 self._spare_builder = self._spawn_builder()
         if w is None or w.proc.poll() is not None:
             if w is not None:
-                w.kill()
-                _remove(w.log_path)
+                w.discard()
             w = self._spawn_builder()
         return w
 
@@ -1494,8 +1504,7 @@ class Evaluator:
         self._closed = True
         builder, self._spare_builder = getattr(self, "_spare_builder", None), None
         if builder is not None:
-            builder.kill()
-            _remove(builder.log_path)
+            builder.discard()
         for dev in getattr(self, "devices", []):
             dev.close()
             if dev.ref is not None:
@@ -1505,8 +1514,9 @@ class Evaluator:
                     pass
                 dev.ref.kill()
                 dev.ref = None
-        if hasattr(self, "_spawner"):
-            self._spawner.shutdown(wait=False)
+        for pool in (getattr(self, "_spawner", None), getattr(self, "_helpers", None)):
+            if pool is not None:
+                pool.shutdown(wait=False)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -1616,23 +1626,23 @@ class Evaluator:
                 details["phases"] = {"gpu_wait": round(time.monotonic() - t_wait, 3)}
                 w = dev.take_runner()
                 # The reference worker computes its outputs while the candidate computes its own (not timed).
-                prepare = _Background(dev.ref_call, {"cmd": "prepare", "max_bytes": self.opts.prepare_bytes, "items": [
-                    {"spec": s, "index": k} for k, s in enumerate(specs) if not s["perturb"]]}) \
+                prepare = self._helpers.submit(dev.ref_call, {
+                    "cmd": "prepare", "max_bytes": self.opts.prepare_bytes,
+                    "items": [{"spec": s, "index": k} for k, s in enumerate(specs) if not s["perturb"]]}) \
                     if mode == "candidate" and self.opts.prepare_bytes > 0 else None
                 try:
                     return self._drive(w, job, dev, specs, details, prepare)
                 finally:
                     dev.pause_spares(False)
                     if prepare is not None:
-                        prepare.wait()  # nothing of this evaluation may still run when the GPU lock goes
-                    w.kill()  # used once: a fresh process per evaluation
-                    _remove(w.log_path)
+                        futures_wait([prepare])  # nothing of this evaluation may still run when the GPU lock goes
+                    w.discard()  # used once: a fresh process per evaluation
                     dev.settle_spare(final=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
     def _drive(self, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
-               prepare: "_Background | None") -> EvalResult:
+               prepare: Future | None) -> EvalResult:
         t0 = time.monotonic()
         deadline = t0 + self.opts.run_timeout_s
         phases = details["phases"]
@@ -1662,7 +1672,7 @@ class Evaluator:
             details["flags"] += msg.get("flags", [])
             if job["mode"] == "candidate":
                 if prepare is not None:
-                    prepare.wait()
+                    futures_wait([prepare])  # if it failed, the comparison computes what is missing
                 bad = self._check_trials(msg, dev, specs, details)
                 if bad is not None:
                     return bad
@@ -1804,25 +1814,6 @@ class Evaluator:
         if peak and self.flops:
             t = max(t, self.flops / peak * 1e3)
         return t
-
-
-class _Background:
-    """fn(arg) on a thread; wait() returns its result, or None if it raised."""
-
-    def __init__(self, fn, arg):
-        self._result = None
-        self._thread = threading.Thread(target=self._call, args=(fn, arg), daemon=True)
-        self._thread.start()
-
-    def _call(self, fn, arg) -> None:
-        try:
-            self._result = fn(arg)
-        except Exception:  # noqa: BLE001 - the comparison that follows recomputes what is missing
-            self._result = None
-
-    def wait(self):
-        self._thread.join()
-        return self._result
 
 
 class _NullCtx:
