@@ -5,13 +5,16 @@ PyTorch reference of a KernelBench problem. The search optimises whatever number
 the module's job is to make that number honest:
 
 * a static screen rejects code patterns with no honest use in a candidate (RULES, each with its reason);
-* the candidate is built in a subprocess with no GPU (per-source-hash build dir, hard timeout), then run in
-  a fresh subprocess per evaluation (its own process group, hard timeout, scrubbed environment);
+* the candidate is built in a subprocess with no GPU (per-source-hash build dir, hard timeout; a .cu file's
+  <torch/extension.h> tries LIGHT_HEADER first, about half the compile time, then the real one if needed),
+  then run in a fresh subprocess per evaluation (own process group, hard timeout, scrubbed environment);
 * reference outputs come from a persistent worker that never imports candidate code; it also does every
   comparison, on tensors loaded with ``weights_only=True``, so the candidate cannot forge a verdict;
-* timing uses CUDA events with a device-wide synchronise before the end event, an L2 flush before every call,
-  fresh input contents every call, spot checks of timed outputs and a host-clock cross-check; the baseline is
-  the reference timed by the same routine on the same GPU, once per GPU.
+* timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream) on
+  fresh input contents every call; a device-wide synchronise after each call, less the host's own delay
+  measured right after, rejects work left running on other streams; timed outputs are spot-checked and the
+  host clock cross-checks the events. The baseline is the reference timed by the same routine on the same
+  GPU, once per GPU.
 
 Left out: profiler proof that custom kernels ran (a pure-PyTorch candidate is legal in KernelBench), clock
 locking, and precision policies other than fp32 / opt-in TF32.
@@ -30,6 +33,7 @@ import os
 import re
 import secrets
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -130,8 +134,10 @@ _PATCH_ROOTS = {"torch", "time", "builtins", "os", "sys", "numpy", "math", "F", 
 # Native code is in string literals; these patterns run over them with C/C++ comments removed.
 _NATIVE_RULES = [
     ("persisting_l2", r"accessPolicyWindow|hitProp|PersistingL2|cudaLimitPersisting|cudaCtxResetPersisting"),
-    ("streams", r"cudaStreamCreate|cudaStreamCreateWithFlags|cudaStreamCreateWithPriority|getStreamFromPool"
-                r"|cublasSetStream|setCurrentCUDAStream"),
+    # Pieces, not only whole API names, so names assembled with ## or looked up by string are caught too.
+    ("streams", r"StreamCreate|CreateWithFlags|CreateWithPriority|NonBlocking|NON_BLOCKING|getStreamFromPool"
+                r"|getStreamFromExternal|StreamGuard|cublasSetStream|setCurrentCUDAStream|GetDriverEntryPoint"
+                r"|GetProcAddress"),
     ("threads", r"std::thread|std::async|pthread_create|std::jthread|#\s*include\s*<thread>|omp\s+task"),
     ("subprocess", r"\bsystem\s*\(|\bpopen\s*\(|\bfork\s*\(|\bexec[lv]p?e?\s*\("),
     ("file_io", r"\bfopen\s*\(|std::[io]?fstream|\bopen\s*\(\s*\"|/proc/|\bsetenv\s*\("),
@@ -281,8 +287,9 @@ def arch_list_for(capability: tuple[int, int]) -> str:
     return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
 
 
-_ERROR_LINE = re.compile(r"^(?P<file>[^\s:]+\.(?:cpp|cu|cuh|h)):(?P<line>\d+)(?::\d+)?:?\s*(?:\(\d+\))?:?\s*"
-                         r"(?P<kind>fatal error|error)\b[: ]*(?P<msg>.*)$")
+_ERROR_LINE = re.compile(r"^(?P<file>[^\s:()]+\.(?:cpp|cu|cuh|h))"
+                         r"(?::(?P<line>\d+)(?::\d+)?:|\((?P<nvcc_line>\d+)\):)"  # gcc f.cpp:12:5: / nvcc f.cu(12):
+                         r"\s*(?P<kind>fatal error|error)\b[: ]*(?P<msg>.*)$")
 
 
 def trim_compiler_output(log: str, candidate_src: str, max_errors: int = 3) -> str:
@@ -298,7 +305,7 @@ def trim_compiler_output(log: str, candidate_src: str, max_errors: int = 3) -> s
             if re.search(r"\berror\b", line) and not line.startswith(("FAILED", "ninja", "subprocess")) and len(picked) < max_errors:
                 picked.append(line.strip()[:300])
             continue
-        where = f"{os.path.basename(m.group('file'))}:{m.group('line')}"
+        where = f"{os.path.basename(m.group('file'))}:{m.group('line') or m.group('nvcc_line')}"
         snippet = ""
         for follow in lines[i + 1: i + 4]:  # gcc prints "  12 |   code"; nvcc prints the code line itself
             code = follow.split("|", 1)[1] if "|" in follow else follow
@@ -474,8 +481,13 @@ def _install_build_defaults(cfg: dict) -> dict:
         if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
             _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
             kw["use_pch"] = True
+        if cfg.get("nvcc") and "PYTORCH_NVCC" not in os.environ and getattr(ce, "CUDA_HOME", None):
+            # fast_nvcc.py: nvcc's own steps, with the host and device front ends side by side.
+            os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
+                                                     os.path.join(ce.CUDA_HOME, "bin", "nvcc")])
         try:
-            module = original(*args, **kw)
+            module = _build_with_light_headers(ce, original, args, kw, cfg, name, build_dir, record) \
+                if bound and bound.get("cuda_sources") and cfg.get("light_dir") else original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
             raise
@@ -489,6 +501,44 @@ def _install_build_defaults(cfg: dict) -> dict:
         ce.remove_extension_h_precompiler_headers = lambda: None
     ce.load_inline = load_inline
     return record
+
+
+# In a candidate's .cu file <torch/extension.h> (and <torch/torch.h>) resolve to this header first.
+LIGHT_HEADER = """// Written by pacevolve's evaluator (evaluate_kernel.py, "light headers").
+// load_inline already starts every .cu file with <torch/types.h>: tensors, every ATen operator, TORCH_CHECK,
+// the dispatch macros. The rest of the real header (the C++ frontend's nn/optim/data/serialize and the
+// Python bindings) is seldom used in a .cu file but nearly doubles its compile time. A build that fails
+// with this header is built again with the real one, so no candidate is refused because of it.
+#pragma once
+#include <torch/types.h>
+"""
+FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again with the real torch/extension.h"
+
+
+def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict):
+    """load_inline with LIGHT_HEADER first on the .cu include path; if that fails, the call as written.
+
+    The builder leaves a marker beside a library built this way, so a runner that must rebuild (rare: the
+    library is normally imported as built) does so with the same flags.
+    """
+    marker = os.path.join(build_dir, "pacevolve-light-headers")
+    versions = getattr(getattr(ce, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    if not isinstance(versions, dict) or (cfg.get("prebuilt") and not os.path.exists(marker)):
+        return original(*args, **kw)  # without resetting torch's versioner a second build would be renamed
+    light_kw = dict(kw, extra_cuda_cflags=[f"-I{cfg['light_dir']}"] + list(kw.get("extra_cuda_cflags") or []))
+    try:
+        module = original(*args, **light_kw)
+    except Exception:  # noqa: BLE001 - whatever failed, the real header decides
+        _remove(marker)
+        versions.pop(name, None)  # same name, other flags: build it again under the same name
+        record["headers"] = "full (the light-header build failed)"
+        print(FULL_HEADER_RETRY, flush=True)  # the parent reads compiler errors after this line
+        return original(*args, **kw)
+    if not cfg.get("prebuilt"):
+        with open(marker, "w") as f:
+            f.write(cfg["light_dir"])
+    record["headers"] = "light"
+    return module
 
 
 def _call_fingerprint(arguments: dict) -> str:
@@ -722,13 +772,15 @@ def _role_build(job: dict, send) -> None:
     try:
         ns = _exec_source(job["candidate_src"], "<candidate>")
         ok = "ModelNew" in ns
-        send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"]})
+        send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"],
+              "headers": record.get("headers")})
     except BaseException as e:  # noqa: BLE001 - any failure is reported, never raised
         if record["error"]:
-            send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0})
+            send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0,
+                  "headers": record.get("headers")})
         else:  # module-level code that needs the GPU fails here; the run reports it properly
             send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": True,
-                  "deferred_error": _short_traceback(e), "calls": record["calls"]})
+                  "deferred_error": _short_traceback(e), "calls": record["calls"], "headers": record.get("headers")})
 
 
 def _prepare_runner(prep: dict, send, stdin: "_LineReader") -> dict:
@@ -865,7 +917,8 @@ def _reset_persisting_l2(device) -> None:
 
 
 def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
-    """Median of many calls, each on fresh input contents, L2 flushed, stop after a device-wide sync."""
+    """Many calls, each on fresh input contents after an L2 flush, timed from the flush's end to the end of
+    the call's stream; after each, how long the whole device stayed busy beyond that (the tail)."""
     import torch
     t = job["timing"]
     bases = [_make_inputs(ref_ns, spec, device) for spec in t["input_specs"]]
@@ -884,7 +937,7 @@ def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
                 if b.is_floating_point():
                     b.mul_(scale)
 
-    samples, checked = [], []
+    samples, tails, checked = [], [], []
     with torch.no_grad():
         # Warm-up: at least `warmup` calls and `warmup_ms` of work, so clocks and caches reach steady state.
         t_end, i = time.perf_counter() + t["warmup_ms"] / 1e3, 0
@@ -895,20 +948,36 @@ def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
             model(*bufs[i % 2])
             _sync(device)
             i += 1
+        cycles_per_ms = _spin_cycles_per_ms() if flush is not None else 0.0
         for i, (d, scale) in enumerate(plan):
             buf = bufs[i % 2]
             refill(buf, bases[d], scale)
             if flush is not None:
-                flush.fill_(float(i))  # L2 flush: >= 2x the L2 size, outside the timed window
+                start, end, device_end, idle, idle_end = (torch.cuda.Event(enable_timing=True) for _ in range(5))
                 torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                flush.fill_(float(i))  # L2 flush: >= 2x the L2 size, outside the timed window
+                # KernelBench's protocol: the start event waits behind the flush, so the model's first
+                # launches are queued while the GPU flushes and the host's latency before its first kernel
+                # is not counted as GPU time, and the end event follows the call on its stream.
                 start.record()
                 out = model(*buf)
-                # Hacks 3/4: a device-wide sync before the end event, so side-stream work is inside the window.
-                torch.cuda.synchronize()
                 end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
+                # Hacks 3/4: then the whole device. Work still running on another stream makes the device
+                # finish after the call's stream: a tail, which the parent rejects when it is systematic.
+                # The host's own delay in noticing that the device is done (0.02-0.1 ms, longer after longer
+                # waits, varying from second to second) is measured right after by waiting as long for a GPU
+                # spin, and taken off: it is not work. (Only a non-blocking stream, which the screen refuses,
+                # could also start during the flush: at most the flush's ~0.07 ms.)
+                torch.cuda.synchronize()
+                device_end.record()
+                ms = start.elapsed_time(end)
+                torch.cuda._sleep(int(min(ms, 5.0) * cycles_per_ms))
+                idle.record()
+                torch.cuda.synchronize()
+                idle_end.record()
+                idle_end.synchronize()
+                samples.append(ms)
+                tails.append(end.elapsed_time(device_end) - idle.elapsed_time(idle_end))
             else:
                 t0 = time.perf_counter()
                 out = model(*buf)
@@ -925,8 +994,19 @@ def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
     with torch.no_grad():
         out_bytes = sum(o.numel() * o.element_size() for o in _flat(model(*bufs[0])) if isinstance(o, torch.Tensor))
     in_bytes = sum(x.numel() * x.element_size() for x in bases[0] if isinstance(x, torch.Tensor))
-    return {"samples": samples, "verify": [{k: c[k] for k in ("iter", "base", "scale")} for c in checked],
+    return {"samples": samples, "tails": tails, "verify": [{k: c[k] for k in ("iter", "base", "scale")} for c in checked],
             "path": path, "io_bytes": in_bytes + out_bytes, **host}
+
+
+def _spin_cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of torch.cuda._sleep, measured now (the clock moves with load)."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    end.synchronize()
+    return 2_000_000 / max(start.elapsed_time(end), 1e-3)
 
 
 def _host_phase(model, bufs, device, t: dict) -> dict:
@@ -1211,12 +1291,18 @@ class Options:
     host_rounds: int = 3
     host_ratio: float = 3.0  # reject if event median * host_ratio < host per-call time ...
     host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
+    tail_ms: float = 0.05  # median device time after the call's stream finished, less the host's own delay:
+    # above this, work was left on another stream
     max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
     allow_tf32: bool = False
     cpu_threads: int = 1
     max_jobs: int | None = None
     build_workers: int | None = None
     use_pch: bool = True
+    light_headers: bool = True  # .cu files try a light torch/extension.h first (LIGHT_HEADER), then the real one
+    # nvcc's host and device front ends side by side (fast_nvcc.py). Off: it cut a .cu compile alone by
+    # 27-29% on an H200 machine, but whole builds in the builder were no faster (BENCHMARKS.md).
+    fast_nvcc: bool = False
     flush_bytes: int = 256 << 20
     poison_bytes: int = 1 << 30
     peak_bytes_per_s: float | None = None
@@ -1377,6 +1463,9 @@ class Evaluator:
         self.devices = [_Device(self, i) for i in gpus]
         cap = self.devices[0].info.get("capability")
         self._arch = arch_list_for(tuple(cap)) if cap else ""
+        self._light_dir = _write_light_headers(self.cache_dir) if self.opts.light_headers else ""
+        fast_nvcc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_nvcc.py")
+        self._fast_nvcc = fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else ""
 
     def _cpu_plan(self, n_devices: int) -> None:
         """Reserve one core per device for its runner; builds and reference workers get the rest.
@@ -1422,7 +1511,8 @@ class Evaluator:
 
     def _build_cfg(self) -> dict:
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
-                "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock")}
+                "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock"),
+                "light_dir": self._light_dir, "nvcc": self._fast_nvcc}
 
     def _ext_extras(self, h: str) -> dict[str, str]:
         # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
@@ -1569,8 +1659,12 @@ class Evaluator:
                     _move(w.log_path, os.path.join(os.path.dirname(marker), "build.log"))
                     w.log_path = os.path.join(os.path.dirname(marker), "build.log")
             details["compile_s"] = round(msg.get("compile_s", time.monotonic() - t0), 3)
+            if msg.get("headers"):
+                details["build_headers"] = msg["headers"]
             if msg["kind"] == "compile_error":
-                log = w.log_tail(200000) + "\n" + msg["error"]
+                # After a failed light-header build only the real header's errors count (they are what
+                # torch's own build of this source would say).
+                log = w.log_tail(200000).rsplit(FULL_HEADER_RETRY, 1)[-1] + "\n" + msg["error"]
                 details["compiler_output"] = log[-20000:]
                 return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
             if msg.get("deferred_error"):
@@ -1611,7 +1705,7 @@ class Evaluator:
         specs = specs or [own[0]]
         iters = self.opts.timing_iters
         timing = {"input_specs": own, "iters": iters, "warmup": self.opts.warmup, "warmup_ms": self.opts.warmup_ms,
-                  "seed": secrets.randbits(31),
+                  "seed": secrets.randbits(31), "tail_ms": self.opts.tail_ms,
                   "verify": sorted(secrets.SystemRandom().sample(range(iters), min(self.opts.verify_calls, iters)))
                   if mode == "candidate" else [], "flush_bytes": self._flush_bytes(dev), "host_calls": self.opts.host_calls,
                   "host_rounds": self.opts.host_rounds}
@@ -1708,8 +1802,10 @@ class Evaluator:
         median = _quantile(samples, 0.5)
         iqr = _quantile(samples, 0.75) - _quantile(samples, 0.25)
         host_ms = min(rounds) * 1e3 / job["timing"]["host_calls"] if rounds else None
+        tail = _quantile(sorted(msg.get("tails") or []), 0.5)
         details["timing"] = {"samples_ms": msg["samples"], "median_ms": median, "iqr_ms": iqr,
                              "spread": iqr / median if median else None, "host_ms_per_call": host_ms,
+                             "device_tail_ms": None if math.isnan(tail) else tail, "tails_ms": msg.get("tails", []),
                              "io_bytes": msg.get("io_bytes", 0)}
         t = mark("timing", t)
         details["time_s"] = round(time.monotonic() - t0, 3)
@@ -1720,6 +1816,10 @@ class Evaluator:
                 return bad
             if details["flags"]:
                 return EvalResult("rejected", message="rejected: " + "; ".join(details["flags"][:3]), details=details)
+            if tail > self.opts.tail_ms:  # NaN (no GPU) compares False
+                return EvalResult("rejected", message=f"rejected: the GPU was still busy {tail:.4f} ms (median) after "
+                                  "the call's stream had finished: work on another stream, which is how timers are "
+                                  "escaped", details=details)
             if host_ms and median * self.opts.host_ratio < host_ms and host_ms - median > self.opts.host_slack_ms:
                 return EvalResult("rejected", message=f"timing mismatch: CUDA events say {median:.4f} ms per call, "
                                   f"the host clock {host_ms:.4f} ms; work is escaping the timed window",
@@ -1864,6 +1964,20 @@ def _move(src: str, dst: str) -> None:
 def _cuda_count() -> int:
     import torch
     return torch.cuda.device_count()
+
+
+def _write_light_headers(cache_dir: str) -> str:
+    """A directory whose torch/extension.h and torch/torch.h are LIGHT_HEADER; returns its path."""
+    root = os.path.join(cache_dir, "light-headers")
+    os.makedirs(os.path.join(root, "torch"), exist_ok=True)
+    for name in ("extension.h", "torch.h"):
+        path = os.path.join(root, "torch", name)
+        if _read(path) != LIGHT_HEADER:
+            tmp = f"{path}.{secrets.token_hex(4)}"
+            with open(tmp, "w") as f:
+                f.write(LIGHT_HEADER)
+            os.replace(tmp, path)  # concurrent evaluators never see a half-written header
+    return root
 
 
 def _pch_writable() -> bool:

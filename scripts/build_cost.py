@@ -1,15 +1,19 @@
-"""Where does a load_inline CUDA build spend its time? (issue 7)
+"""Where a candidate's build time goes, and what light headers and fast_nvcc.py save (issue 7).
 
-Builds one typical candidate (tests/kernels/conv_groupnorm_fused.py) alone, with the flags the evaluator
-uses, then re-runs nvcc on the generated cuda.cu with the exact command from torch's build.ninja plus
-`--time`, which reports nvcc's own phases: preprocessing, cudafe++ (host front end), cicc (device front
-end and optimiser), ptxas, and the final host compile. nvcc runs them one after another: cicc reads the
-module id file that cudafe++ writes, so the two front ends cannot overlap.
+1. Whole builds through the evaluator: a new source of tests/kernels/conv_groupnorm_fused.py evaluated
+   under four option sets: torch's own way (light_headers=False, fast_nvcc=False), each change alone
+   (light headers alone is the default), both; the figure is EvalResult.details["build_wall_s"], with
+   ninja's own per-target times. Torch's precompiled header for main.cpp is built first, untimed (it is
+   built once per machine).
+2. The candidate's cuda.cu alone, with torch's exact nvcc command from build.ninja: nvcc's own phases
+   (`nvcc --time`) with the real torch/extension.h and with the light header, then fast_nvcc.py's wall time
+   on the same command.
 
-    python3 scripts/build_cost.py            # on a machine with nvcc and a CUDA build of torch
+    python3 scripts/build_cost.py [--no-phases]     # on a GPU machine (the evaluator times on it)
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import glob
 import os
@@ -21,47 +25,84 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CANDIDATE = os.path.join(ROOT, "tests", "kernels", "conv_groupnorm_fused.py")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import bench_eval  # noqa: E402
+import evaluate_kernel  # noqa: E402
+import tasks  # noqa: E402
+
+CONFIGS = [("torch's way: real header, plain nvcc", dict(light_headers=False, fast_nvcc=False)),
+           ("light header, plain nvcc (default)", dict(light_headers=True, fast_nvcc=False)),
+           ("real header, fast_nvcc", dict(light_headers=False, fast_nvcc=True)),
+           ("light header + fast_nvcc", dict(light_headers=True, fast_nvcc=True))]
 
 
-def build(ext_dir: str) -> float:
-    """The candidate built in a fresh process, as the evaluator's builder would (no GPU visible)."""
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir, MAX_JOBS="2", CUDA_VISIBLE_DEVICES="")
-    env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
-    code = f"exec(compile(open({CANDIDATE!r}).read(), 'candidate', 'exec'), {{'__name__': 'candidate'}})"
+def whole_builds(src: str, work: str) -> list[tuple[str, str]]:
+    from torch.utils import cpp_extension as ce
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
-    return time.perf_counter() - t0
+    ce._check_and_build_extension_h_precompiler_headers([], None)  # what the builder does before main.cpp
+    rows = [("torch's precompiled header for main.cpp (once per machine, untimed below)",
+             f"{time.perf_counter() - t0:.1f} s")]
+    task = tasks.get("conv_groupnorm")
+    for k, (label, opts) in enumerate(CONFIGS):
+        cache = os.path.join(work, f"cache{k}")
+        with evaluate_kernel.Evaluator.for_task(task, gpus=[0], cache_dir=cache, **opts) as ev:
+            r = ev.evaluate(bench_eval.variant(src, 200 + k))
+        d = r.details
+        rows.append((f"whole build: {label}", f"{d.get('build_wall_s', float('nan')):.1f} s (status {r.status}, "
+                                              f"headers {d.get('build_headers', 'real')}; in the builder "
+                                              f"{d.get('compile_s', float('nan')):.1f} s; ninja: "
+                                              f"{bench_eval.ninja_steps(os.path.join(cache, 'ext', d['source_hash']))})"))
+        print(f"{rows[-1][0]}: {rows[-1][1]}", flush=True)
+    return rows
 
 
-def nvcc_phases(ninja_file: str) -> list[tuple[str, float]]:
+def nvcc_command(ninja_file: str, light_dir: str | None) -> tuple[list[str], str]:
     text = open(ninja_file).read()
-    nvcc = re.search(r"^nvcc = (.*)$", text, re.M).group(1).strip()
-    flags = re.search(r"^cuda_cflags = (.*)$", text, re.M).group(1)
+    flags = shlex.split(re.search(r"^cuda_cflags = (.*)$", text, re.M).group(1))
     post = re.search(r"^cuda_post_cflags = (.*)$", text, re.M)
     src = os.path.join(os.path.dirname(ninja_file), "cuda.cu")
+    extra = [f"-I{light_dir}"] if light_dir else []
+    return extra + flags + ["-c", src] + (shlex.split(post.group(1)) if post else []), src
+
+
+def phases(ninja_file: str, light_dir: str | None, nvcc: str) -> list[tuple[str, str]]:
+    args, _ = nvcc_command(ninja_file, light_dir)
     out = tempfile.mkdtemp(prefix="nvcc_time_")
     csv_path = os.path.join(out, "time.csv")
-    cmd = [nvcc, *shlex.split(flags), "-c", src, "-o", os.path.join(out, "cuda.o"), "--time", csv_path]
-    cmd += shlex.split(post.group(1)) if post else []
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True)
-    rows = [("nvcc wall", time.perf_counter() - t0)]
+    subprocess.run([nvcc, *args, "-o", os.path.join(out, "a.o"), "--time", csv_path], check=True, capture_output=True)
+    which = "light header" if light_dir else "real header"
+    rows = [(f"cuda.cu, {which}: nvcc wall", f"{time.perf_counter() - t0:.1f} s")]
     with open(csv_path) as f:
         for row in csv.reader(f):
             if len(row) >= 8 and row[7].strip() == "ms":
-                rows.append((row[1].strip(), float(row[6]) / 1e3))
+                rows.append((f"cuda.cu, {which}: {row[1].strip()}", f"{float(row[6]) / 1e3:.1f} s"))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, os.path.join(ROOT, "fast_nvcc.py"), "--nvcc", nvcc, *args,
+                    "-o", os.path.join(out, "b.o")], check=True, capture_output=True)
+    rows.append((f"cuda.cu, {which}: fast_nvcc.py wall", f"{time.perf_counter() - t0:.1f} s"))
     return rows
 
 
 def main() -> int:
-    ext_dir = tempfile.mkdtemp(prefix="build_cost_")
-    total = build(ext_dir)
-    ninja = glob.glob(os.path.join(ext_dir, "*", "build.ninja"))
-    print(f"| step | seconds |\n|---|---|\n| whole load_inline build, alone (fresh process) | {total:.1f} |")
-    if ninja:
-        for name, secs in nvcc_phases(ninja[0]):
-            print(f"| cuda.cu: {name} | {secs:.1f} |")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-phases", action="store_true", help="only the whole builds")
+    args = ap.parse_args()
+    with open(bench_eval.FUSED) as f:
+        src = f.read()
+    work = tempfile.mkdtemp(prefix="build_cost_")
+    rows = whole_builds(src, work)
+    ninja = glob.glob(os.path.join(work, "cache0", "ext", "*", "*", "build.ninja"))
+    if ninja and not args.no_phases:
+        from torch.utils import cpp_extension as ce
+        nvcc = os.path.join(ce.CUDA_HOME, "bin", "nvcc")
+        light = evaluate_kernel._write_light_headers(work)
+        for light_dir in (None, light):
+            rows += phases(ninja[0], light_dir, nvcc)
+            print("\n".join(f"{k}: {v}" for k, v in rows[-9:]), flush=True)
+    print("\n| step | seconds |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
     return 0
 
 

@@ -14,6 +14,7 @@ import ast
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +38,58 @@ def evaluator_runs(task, repeats: int, **options) -> tuple[float, list[float], l
             r = ev.evaluate(restated)
             walls.append(time.perf_counter() - t0)
             runtimes.append(r.runtime_ms if r.status == "ok" else float("nan"))
+            if r.status != "ok":
+                print(f"  evaluation {len(runtimes)}: {r.status}: {r.message[:300]}", flush=True)
     return base, runtimes, walls
+
+
+def gpu_state() -> dict:
+    """SM and memory clocks (MHz), temperature (C) and power (W) from nvidia-smi; {} without it."""
+    fields = ["clocks.sm", "clocks.mem", "temperature.gpu", "power.draw"]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                              "-i", "0"], capture_output=True, text=True, timeout=10).stdout
+        return dict(zip(["sm_mhz", "mem_mhz", "temp_c", "power_w"], (float(v) for v in out.split(","))))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+def drift(task, seconds: float) -> None:
+    """The reference timed in rounds of 30 calls for `seconds`, by bench_eval's independent timer, in this
+    one process: odd rounds reuse the same model and inputs, even rounds allocate them afresh. If the
+    medians follow the clocks, the GPU's state moves; if only fresh allocations move, memory placement does."""
+    import torch
+    ref_ns: dict = {}
+    exec(compile(task.reference_src, task.name, "exec"), ref_ns)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+
+    def fresh():
+        torch.manual_seed(42)
+        init = ref_ns["get_init_inputs"]()
+        torch.manual_seed(42)
+        model = ref_ns["Model"](*init).cuda()
+        return model, [[t.cuda() for t in ref_ns["get_inputs"]()] for _ in range(2)]
+
+    kept = fresh()
+    print("| t s | allocation | median ms | SM MHz | mem MHz | temp C | power W |\n|---|---|---|---|---|---|---|")
+    rows, t0, k = [], time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        same = k % 2 == 0
+        model, inputs = kept if same else fresh()
+        ms = bench_eval.independent_ms(model, inputs, trials=30)
+        state = gpu_state()
+        rows.append((same, ms))
+        print(f"| {time.perf_counter() - t0:.1f} | {'same' if same else 'fresh'} | {ms:.4f} | "
+              f"{state.get('sm_mhz', '')} | {state.get('mem_mhz', '')} | {state.get('temp_c', '')} | "
+              f"{state.get('power_w', '')} |", flush=True)
+        if not same:
+            del model, inputs
+        k += 1
+    for label, want in (("same", True), ("fresh", False)):
+        vals = [ms for same, ms in rows if same == want]
+        if vals:
+            print(f"{label} allocation: {len(vals)} rounds, medians {min(vals):.4f}-{max(vals):.4f} ms, "
+                  f"spread {100 * (max(vals) - min(vals)) / statistics.median(vals):.1f}%")
 
 
 def parse_config(text: str) -> dict:
@@ -55,9 +107,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--config", action="append", help='Evaluator options to compare, e.g. "default", '
                     '"warm_runners=False", "inputs_on_device=False,prepare_bytes=0" (repeatable)')
+    ap.add_argument("--drift-s", type=float, default=0, help="first time the reference in one process for this "
+                    "long, with the GPU's clocks, temperature and power (see drift())")
     args = ap.parse_args()
-    configs = args.config or ["default", "warm_runners=False"]
+    configs = args.config or ([] if args.drift_s else ["default", "warm_runners=False"])
     task = tasks.get(args.task)
+    if args.drift_s:
+        drift(task, args.drift_s)
+    if not configs:
+        return 0
     before, _ = bench_eval.independent_measurement(task, None)
     print(f"| timer | baseline ms | restated reference, each evaluation ms | spread | wall s each |\n|---|---|---|---|---|")
     print(f"| independent (before) | {before:.3f} | | | |")

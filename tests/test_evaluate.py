@@ -340,6 +340,16 @@ def test_compiler_output_is_trimmed_and_mapped():
     assert "candidate line 4" in msg and "expected primary-expression" in msg
 
 
+def test_nvcc_errors_are_mapped_to_candidate_lines():
+    src = 'cuda_src = r"""\n__global__ void k(float* x) {\n    float s = 0.f\n    int oops = ;\n}\n"""\n'
+    log = ('[1/3] nvcc -c cuda.cu\nFAILED: cuda.cuda.o\n/tmp/ext/cuda.cu(7): error: expected a ";"\n'
+           '      int oops = ;\n      ^\n\n/tmp/ext/cuda.cu(7): error: expected an expression\n      int oops = ;\n'
+           '                 ^\n\n2 errors detected in the compilation of "/tmp/ext/cuda.cu".\nninja: build stopped\n')
+    msg = ek.trim_compiler_output(log, src)
+    assert msg.splitlines()[0] == 'candidate line 4 (cuda.cu:7): error: expected a ";"  `int oops = ;`', msg
+    assert len(msg.splitlines()) == 2 and "/tmp/ext" not in msg
+
+
 def test_arch_list():
     assert ek.arch_list_for((9, 0)) == "9.0a"
     assert ek.arch_list_for((8, 0)) == "8.0"
@@ -355,6 +365,83 @@ def test_for_task_reads_task_attributes(tmp_path):
 def test_unknown_option_rejected():
     with pytest.raises(TypeError):
         ek.Evaluator(REF, device="cpu", not_an_option=1)
+
+
+# ------------------------------------------------------------------------------------------ light headers
+class _FakeCppExtension:
+    """Stands in for torch.utils.cpp_extension: load_inline records its flags and fails on request."""
+
+    def __init__(self, fail_light: bool):
+        self.JIT_EXTENSION_VERSIONER = type("V", (), {})()
+        self.JIT_EXTENSION_VERSIONER.entries = {}
+        self.fail_light, self.calls = fail_light, []
+
+    def load_inline(self, **kw):
+        light = any(f.startswith("-I") for f in kw["extra_cuda_cflags"])
+        self.calls.append((list(kw["extra_cuda_cflags"]), "ext" in self.JIT_EXTENSION_VERSIONER.entries))
+        self.JIT_EXTENSION_VERSIONER.entries["ext"] = "built once"
+        if light and self.fail_light:
+            raise RuntimeError("Error building extension 'ext'")
+        return "module"
+
+
+@pytest.mark.parametrize("fail_light", [False, True])
+def test_light_headers_first_then_the_real_header(tmp_path, capsys, fail_light):
+    ce = _FakeCppExtension(fail_light)
+    cfg, record = {"light_dir": "/light"}, {}
+    module = ek._build_with_light_headers(ce, ce.load_inline, (), {"extra_cuda_cflags": ["-O3"]}, cfg, "ext",
+                                          str(tmp_path), record)
+    assert module == "module"
+    marker = tmp_path / "pacevolve-light-headers"
+    if not fail_light:
+        assert ce.calls == [(["-I/light", "-O3"], False)] and record["headers"] == "light" and marker.exists()
+    else:
+        # The retry is the call as written, and torch's versioner forgot the first try (else it would
+        # rename the module ext_v1 or skip the build as unchanged).
+        assert ce.calls == [(["-I/light", "-O3"], False), (["-O3"], False)]
+        assert record["headers"].startswith("full") and not marker.exists()
+        assert ek.FULL_HEADER_RETRY in capsys.readouterr().out
+
+
+def test_a_runner_rebuilds_with_the_flags_its_library_was_built_with(tmp_path):
+    for built_light in (False, True):
+        if built_light:
+            (tmp_path / "pacevolve-light-headers").write_text("/light")
+        ce = _FakeCppExtension(fail_light=False)
+        ek._build_with_light_headers(ce, ce.load_inline, (), {"extra_cuda_cflags": []},
+                                     {"light_dir": "/light", "prebuilt": True}, "ext", str(tmp_path), {})
+        assert ce.calls == [(["-I/light"] if built_light else [], False)]
+
+
+def test_light_header_wins_over_torch_s_in_a_cu_include_path(tmp_path):
+    """The preprocessor's view with torch's own include flags: the shim hides the C++ frontend and pybind11."""
+    import shutil
+    import subprocess
+    import sysconfig
+    from torch.utils import cpp_extension
+    if not shutil.which("c++"):
+        pytest.skip("needs a C++ compiler")
+    light = ek._write_light_headers(str(tmp_path))
+    (tmp_path / "k.cpp").write_text("#include <torch/types.h>\n#include <torch/extension.h>\n"
+                                    "torch::Tensor twice(torch::Tensor x) { return x * 2; }\n")
+    flags = ["-std=c++17", "-M", "k.cpp"] + [f"-isystem{p}" for p in cpp_extension.include_paths()] + \
+        [f"-isystem{sysconfig.get_paths()['include']}"]
+    deps = {which: subprocess.run(["c++", *extra, *flags], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+            for which, extra in (("light", [f"-I{light}"]), ("full", []))}
+    assert "torch/all.h" in deps["full"] and "pybind11" in deps["full"]
+    assert "torch/all.h" not in deps["light"] and "pybind11" not in deps["light"]
+    assert os.path.join(light, "torch", "extension.h") in deps["light"]
+    assert (Path(light) / "torch" / "torch.h").read_text() == ek.LIGHT_HEADER
+
+
+def test_build_options_reach_the_builder(ev, tmp_path):
+    cfg = ev._build_cfg()  # the defaults: light headers on, fast_nvcc off
+    assert (Path(cfg["light_dir"]) / "torch" / "extension.h").read_text() == ek.LIGHT_HEADER
+    assert cfg["nvcc"] == ""
+    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), light_headers=False, fast_nvcc=True,
+                      warm_runners=False) as other:
+        assert other._build_cfg()["light_dir"] == ""
+        assert other._build_cfg()["nvcc"].endswith("fast_nvcc.py") and os.path.exists(other._build_cfg()["nvcc"])
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -408,6 +495,15 @@ def cuda_candidate(name: str, write_target: str) -> str:
     return CUDA_TAIL.replace("NAME", name).replace("WRITE_TARGET", write_target)
 
 
+# The .cu file uses the C++ frontend (torch::nn), which only the real torch/extension.h declares: the
+# light-header build fails and the real header's build must take over.
+NEEDS_FULL_HEADER = cuda_candidate("tail_full_header", "out[idx]").replace(
+    'cuda_src = r"""', 'cuda_src = r"""\n#include <torch/extension.h>\n'
+    'torch::Tensor never_called(torch::Tensor x) { return torch::nn::functional::relu(x); }')
+BROKEN_CU = cuda_candidate("tail_broken", "out[idx]").replace("float mx = -INFINITY, s = 0.f;",
+                                                               "float mx = -INFINITY, s = 0.f\n    int oops = ;")
+
+
 @pytest.fixture(scope="module")
 def gpu_ev(tmp_path_factory):
     e = ek.Evaluator(GPU_REF, device="cuda", cache_dir=str(tmp_path_factory.mktemp("gpucache")))
@@ -420,8 +516,9 @@ def gpu_results(gpu_ev):
     srcs = {"ok": cuda_candidate("tail_ok", "out[idx]"),
             "wrong": cuda_candidate("tail_wrong", "out[b * HW + (p + 1) % HW]"),
             "oob": cuda_candidate("tail_oob", "((float*)256)[idx]"),
-            "torch": HONEST}
-    with ThreadPoolExecutor(4) as pool:
+            "torch": HONEST,
+            "needs_full_header": NEEDS_FULL_HEADER, "broken_cu": BROKEN_CU}
+    with ThreadPoolExecutor(6) as pool:
         futures = {k: pool.submit(gpu_ev.evaluate, s) for k, s in srcs.items()}
         out = {k: f.result() for k, f in futures.items()}
     out["after_oob"] = gpu_ev.evaluate(srcs["ok"])
@@ -432,10 +529,28 @@ def gpu_results(gpu_ev):
 def test_gpu_fused_kernel_ok_and_timed(gpu_results):
     r = gpu_results["ok"]
     assert r.status == "ok", r.message
+    assert r.details["build_headers"] == "light", r.details.get("build_headers")
     t = r.details["timing"]
     assert t["spread"] < 0.5 and t["host_ms_per_call"] is not None
+    assert abs(t["device_tail_ms"]) < 0.05  # honest work is all on the call's stream
     print("GPU", r.details["device"], "baseline", r.baseline_ms, "kernel", r.runtime_ms, "speedup", r.speedup,
           "compile_s", r.details["compile_s"])
+
+
+@pytest.mark.gpu
+def test_gpu_cu_needing_the_real_header_is_built_with_it(gpu_results):
+    r = gpu_results["needs_full_header"]
+    assert r.status == "ok", r.message
+    assert r.details["build_headers"].startswith("full"), r.details.get("build_headers")
+
+
+@pytest.mark.gpu
+def test_gpu_cu_compile_error_reported_once_from_the_real_header_build(gpu_results):
+    r = gpu_results["broken_cu"]
+    assert r.status == "compile_error", r.message
+    assert "candidate line" in r.message and "expected" in r.message, r.message
+    assert r.details["build_headers"].startswith("full")
+    assert ek.FULL_HEADER_RETRY not in r.details["compiler_output"]  # only the real header's errors
 
 
 @pytest.mark.gpu
@@ -454,7 +569,9 @@ def test_gpu_oob_write_does_not_poison_next(gpu_results):
 def test_gpu_pytorch_candidate_near_one_and_no_false_flags(gpu_results):
     r = gpu_results["torch"]
     assert r.status == "ok", r.message
-    assert 0.5 < r.speedup < 2.0 and not r.details["flags"]  # launch-bound at this size
+    # Launch-bound at this size: the time is the host issuing kernels, and this candidate issues more of
+    # them than the reference (its hardswish is four elementwise ops), so it is slower, honestly.
+    assert 0.25 < r.speedup < 2.0 and not r.details["flags"]
 
 
 @pytest.mark.gpu
@@ -466,6 +583,26 @@ def test_gpu_inputs_drawn_on_the_cpu_option(tmp_path):
         wrong = e.evaluate(variant("        return self.conv(x).sum(dim=1, keepdim=True)"))
     assert ok.status == "ok", ok.message
     assert wrong.status == "incorrect", wrong.message
+
+
+# Honest arithmetic, but on a side stream that the call does not wait for, after ~1.5 ms of spinning there.
+SIDE_STREAM_BODY = """        if not hasattr(self, "side"):
+            self.side = torch.cuda.Stream(device=x.device)
+        with torch.cuda.stream(self.side):
+            torch.cuda._sleep(3_000_000)
+            x_conv = self.conv(x)
+            t = torch.tanh(self.group_norm(x_conv))
+            out = torch.logsumexp(x_conv + t * (t + 3.0) / 6.0, dim=1, keepdim=True)
+        return out"""
+
+
+@pytest.mark.gpu
+def test_gpu_work_left_on_another_stream_is_rejected(gpu_ev, monkeypatch):
+    """The runtime guard behind the screen's stream rule, tested with the screen switched off."""
+    monkeypatch.setattr(ek, "screen", lambda src: ek.ScreenVerdict("ok"))
+    r = gpu_ev.evaluate(variant(SIDE_STREAM_BODY))
+    assert r.status == "rejected" and "another stream" in r.message, (r.status, r.message)
+    assert r.details["timing"]["device_tail_ms"] > 1.0
 
 
 @pytest.mark.gpu

@@ -6,8 +6,9 @@ default stream bracket almost nothing; a later synchronize (before the check)
 lets the answer land in time.
 Seen: KB non_default_stream_kernel.py (only flagged by excessive_speedup);
 DeepReinforce "Stream Injection"; wafer.ai (>=50x).
-Expected outcome: "neutralised: timed honestly" (device-wide synchronise
-before the end event, host-clock cross-check) or "rejected".
+Expected outcome: "rejected" (static rule on streams; behind it, the device-wide
+synchronise after the end event shows the GPU still busy once the call's stream is done)
+or "neutralised: timed honestly" (that work is counted).
 
 REFERENCE: gn_cuda
 EXPECT: honest-timing

@@ -7,8 +7,9 @@ and the stream does not even synchronise with the legacy default stream. The
 work is queued there; forward returns at once.
 Seen: KB non_default_stream_kernel.py (cudaStreamNonBlocking + cublasSetStream);
 DeepReinforce; wafer.ai.
-Expected outcome: "neutralised: timed honestly" (device-wide synchronise) or
-"rejected" (static rule on stream creation).
+Expected outcome: "rejected" (static rule on stream creation; behind it, the
+device-wide synchronise after the end event shows work left on another stream)
+or "neutralised: timed honestly" (that work is counted).
 
 REFERENCE: gn_cuda
 EXPECT: honest-timing

@@ -1,0 +1,185 @@
+"""A drop-in nvcc that runs the host and device front ends side by side.
+
+For one .cu file nvcc runs seven steps one after another (see ``nvcc --dryrun``):
+
+    host:    preprocess -> cudafe++ (parses the file, writes the host code and a module id)
+    device:  preprocess -> cicc (parses the file again, reads the module id, writes PTX and a stub) -> ptxas -> fatbinary
+    final:   the host compiler on cudafe++'s output, which includes the stub and the fatbinary
+
+The two front ends each parse every header the file includes; for a PyTorch extension that is most of
+the build. They depend on each other only through the module id file, so this program writes that file
+itself and runs the two chains at once: the build costs max(host, device) + final instead of the sum.
+The commands are nvcc's own, taken from ``nvcc --dryrun`` with the same arguments, so flags, include
+paths and tool versions are exactly nvcc's. Anything this program does not recognise (device linking,
+dependency generation, several files, a missing tool) goes to the real nvcc unchanged.
+
+Errors read as nvcc's would: if the host chain fails, its output is what is shown (nvcc stops there too);
+a failure of the device chain alone (a device-only error) shows the device output.
+
+Use it for any torch extension build with ``PYTORCH_NVCC="python3 fast_nvcc.py"`` (torch puts that
+value in build.ninja), or in the evaluator with ``Evaluator(..., fast_nvcc=True)``. On an H200 machine it
+compiled a candidate's .cu in 24.2 s instead of nvcc's 33.9 s (13.5 s instead of 18.4 s with the light
+header), but whole builds inside the evaluator's builder were no faster, so it is off there by default
+(BENCHMARKS.md). Standard library only.
+
+    python3 fast_nvcc.py [--nvcc PATH] <nvcc arguments>
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+# nvcc flags after which this program steps aside: they change the pipeline's shape (device linking,
+# dependency files, several outputs) or ask nvcc itself to parallelise.
+_PASS_THROUGH = re.compile(r"^(-dc|-rdc|--relocatable-device-code|--device-c|-dlink|--device-link|-lib|-M\w*|"
+                           r"--generate-dependencies\S*|--dependency-output|-t|--threads|-E|--preprocess|-ptx|"
+                           r"-cubin|-fatbin|--dryrun|--keep|--version|-V|--help|-h|--list-gpu-\w+|-odir)(=.*)?$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass
+class Plan:
+    """nvcc's steps for one .cu file, split into the two chains that may run at once and the final step."""
+    env: dict[str, str]
+    host: list[str] = field(default_factory=list)  # preprocess, cudafe++
+    device: list[str] = field(default_factory=list)  # preprocess, cicc, ptxas, fatbinary
+    final: list[str] = field(default_factory=list)  # host compile of cudafe++'s output
+    module_id_file: str = ""
+
+
+def _tool(command: str) -> str:
+    """The program a dryrun line runs: 'cicc' for '"$CICC_PATH/cicc" ...'."""
+    first = shlex.split(command)[0] if command.strip() else ""
+    return os.path.basename(first)
+
+
+def plan_from_dryrun(text: str, base_env: dict[str, str]) -> Plan | None:
+    """Parse ``nvcc --dryrun`` output into a Plan, or None when its shape is not the one described above."""
+    env, commands = dict(base_env), []
+    for line in text.splitlines():
+        if not line.startswith("#$ "):
+            continue
+        line = line[3:].strip()
+        if _ASSIGNMENT.match(line) and " " not in line.split("=", 1)[0]:
+            name, value = line.split("=", 1)
+            words = shlex.split(value) if value.strip() else [""]
+            if len(words) == 1:  # the multi-word ones (INCLUDES=...) are already spelled out in the commands
+                env[name] = os.path.expandvars(words[0]) if "$" in words[0] else words[0]
+            continue
+        if _tool(line) != "rm":  # nvcc's clean-up of its temp files; the scratch directory goes as a whole
+            commands.append(line)
+    tools = [_tool(c) for c in commands]
+    if tools.count("cudafe++") != 1 or "cicc" not in tools or "nvlink" in tools:
+        return None
+    split = tools.index("cudafe++") + 1
+    plan = Plan(env=env, host=commands[:split], device=commands[split:-1], final=commands[-1:])
+    if [_tool(c) for c in plan.device].count("cudafe++") or "-c" not in shlex.split(plan.final[0]) or \
+            _tool(plan.final[0]) in ("cicc", "ptxas", "fatbinary"):
+        return None
+    host_front = plan.host[-1]
+    ids = {m.group(1) for c in (host_front, *plan.device) for m in re.finditer(r'--module_id_file_name "([^"]+)"', c)}
+    if "--gen_module_id_file" not in host_front or len(ids) != 1:
+        return None
+    plan.module_id_file = ids.pop()
+    # cudafe++ would write the module id and cicc read it; written here, both only read it.
+    plan.host[-1] = host_front.replace("--gen_module_id_file", "", 1)
+    return plan
+
+
+def _module_id(source: str) -> str:
+    # Any string unique to this compilation works; nvcc's own are shaped like this one.
+    stem = re.sub(r"\W", "_", os.path.basename(source))
+    return f"_{secrets.token_hex(4)}_{len(stem)}_{stem}"
+
+
+class _Chain(threading.Thread):
+    """Runs commands one after another; stops at the first failure; keeps their stdout and stderr."""
+
+    def __init__(self, commands: list[str], env: dict[str, str]):
+        super().__init__(daemon=True)
+        self.commands, self.env = commands, env
+        self.out, self.err, self.returncode = b"", b"", 0
+        self._lock, self._proc, self._stopped = threading.Lock(), None, False
+
+    def run(self) -> None:
+        for command in self.commands:
+            with self._lock:
+                if self._stopped:
+                    self.returncode = self.returncode or 1
+                    return
+                # exec: the shell (needed for "$CICC_PATH/cicc") becomes the tool, so killing it kills the tool.
+                proc = self._proc = subprocess.Popen(["/bin/sh", "-c", "exec " + command], env=self.env,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = proc.communicate()
+            self.out, self.err = self.out + out, self.err + err
+            if proc.returncode != 0:
+                self.returncode = proc.returncode
+                return
+
+    def show(self) -> None:
+        sys.stdout.buffer.write(self.out)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(self.err)
+        sys.stderr.flush()
+
+    def stop(self) -> None:
+        """Kill the running step and start no other."""
+        with self._lock:
+            self._stopped = True
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+
+
+def run(args: list[str], nvcc: str) -> int:
+    """Compile like ``nvcc args``; returns the exit status. The tools' stdout and stderr pass through."""
+    sources = [a for a in args if a.endswith((".cu", ".cuh"))]
+    if len(sources) != 1 or "-c" not in args or any(_PASS_THROUGH.match(a) for a in args):
+        return subprocess.call([nvcc, *args])
+    scratch = tempfile.mkdtemp(prefix="fast_nvcc_")
+    try:
+        env = dict(os.environ, TMPDIR=scratch)  # nvcc names its intermediate files after TMPDIR
+        dry = subprocess.run([nvcc, "--dryrun", *args], env=env, capture_output=True, text=True)
+        plan = plan_from_dryrun(dry.stderr + dry.stdout, env) if dry.returncode == 0 else None
+        if plan is None:
+            return subprocess.call([nvcc, *args])
+        with open(plan.module_id_file, "w") as f:
+            f.write(_module_id(sources[0]))
+        host, device = _Chain(plan.host, plan.env), _Chain(plan.device, plan.env)
+        host.start()
+        device.start()
+        host.join()
+        if host.returncode:
+            device.stop()  # nvcc would not have started the device chain; its errors would repeat the host's
+            device.join()
+            host.show()
+            return host.returncode
+        device.join()
+        host.show()
+        device.show()
+        if device.returncode:
+            return device.returncode
+        final = _Chain(plan.final, plan.env)
+        final.run()
+        final.show()
+        return final.returncode
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    nvcc = shutil.which("nvcc") or "nvcc"
+    if argv[:1] == ["--nvcc"]:
+        nvcc, argv = argv[1], argv[2:]
+    return run(argv, nvcc)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
