@@ -119,7 +119,9 @@ def load_built(src: str, cache_dir: str) -> dict:
     return ns
 
 
-def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
+def reference_on_gpu(task) -> tuple[list, torch.nn.Module, list]:
+    """The task's reference in this process as KernelBench builds it (seed-42 weights, TF32 off), with two
+    input sets: (init args, model, input sets)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ref_ns: dict = {}
@@ -127,11 +129,16 @@ def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
     torch.manual_seed(42)
     init = ref_ns["get_init_inputs"]()
     torch.manual_seed(42)
-    ref = ref_ns["Model"](*init).cuda()
+    model = ref_ns["Model"](*init).cuda()
     input_sets = []
     for s in range(2):
         torch.manual_seed(100 + s)
         input_sets.append([t.cuda() for t in ref_ns["get_inputs"]()])
+    return init, model, input_sets
+
+
+def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
+    init, ref, input_sets = reference_on_gpu(task)
     ref_ms = independent_ms(ref, input_sets)
     cand_ms = None
     if cand_ns is not None:

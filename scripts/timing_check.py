@@ -58,17 +58,8 @@ def drift(task, seconds: float) -> None:
     """The reference timed in rounds of 30 calls for `seconds`, by bench_eval's independent timer, in this
     one process: odd rounds reuse the same model and inputs, even rounds allocate them afresh. If the
     medians follow the clocks, the GPU's state moves; if only fresh allocations move, memory placement does."""
-    import torch
-    ref_ns: dict = {}
-    exec(compile(task.reference_src, task.name, "exec"), ref_ns)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-
     def fresh():
-        torch.manual_seed(42)
-        init = ref_ns["get_init_inputs"]()
-        torch.manual_seed(42)
-        model = ref_ns["Model"](*init).cuda()
-        return model, [[t.cuda() for t in ref_ns["get_inputs"]()] for _ in range(2)]
+        return bench_eval.reference_on_gpu(task)[1:]
 
     kept = fresh()
     print("| t s | allocation | median ms | SM MHz | mem MHz | temp C | power W |\n|---|---|---|---|---|---|---|")
