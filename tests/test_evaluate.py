@@ -627,7 +627,7 @@ def test_gpu_repeatability(gpu_ev, gpu_results):
     print("REPEAT medians_ms", [round(m, 5) for m in meds], "spread", round(spread, 4), "cached wall_s",
           [round(w, 2) for w in walls])
     # A ~0.1 ms kernel is launch- and sync-bound, so a busy host (builds of other candidates) shows up as
-    # outliers; most medians must agree. scripts/bench_eval.py measures the full-size task (0.7% on an H200).
+    # outliers; most medians must agree. scripts/bench_eval.py measures the full-size task (BENCHMARKS.md).
     close = sorted(meds)[len(meds) // 2] * 1.15
     assert sum(m <= close for m in meds) >= 3, spread
     assert max(walls) < 8
