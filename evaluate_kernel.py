@@ -801,11 +801,13 @@ def _prepare_runner(prep: dict, send, stdin: "_LineReader") -> dict:
         (a @ a).sum().item()
         torch.nn.functional.conv2d(a.view(1, 1, 64, 64), a[:3, :3].reshape(1, 1, 3, 3)).sum().item()
         _reset_persisting_l2(device)
+        hold = _make_hold(device)  # before any candidate code runs in this process
     finally:
         if lock is not None:
             lock.close()  # closing the file releases the lock
     marks["cuda_ready"] = time.time()
-    state = {"device": device, "ref_ns": _exec_source(prep["reference_src"], "<reference>"), "guard": _Guard()}
+    state = {"device": device, "ref_ns": _exec_source(prep["reference_src"], "<reference>"), "guard": _Guard(),
+             "hold": hold}
     marks["reference_ready"] = time.time()
     send({"kind": "ready", "marks": marks})
     return state
@@ -882,7 +884,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     if recv().get("cmd") != "time":
         return
     try:
-        timing = _time_model(models[(job["trials"][0]["weight_seed"], False)][0], ref_ns, job, device)
+        timing = _time_model(models[(job["trials"][0]["weight_seed"], False)][0], ref_ns, job, device, state["hold"])
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "timing", "error": _short_traceback(e), "flags": flags})
         return
@@ -916,9 +918,10 @@ def _reset_persisting_l2(device) -> None:
         return
 
 
-def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
-    """Many calls, each on fresh input contents after an L2 flush, timed from the flush's end to the end of
-    the call's stream; after each, how long the whole device stayed busy beyond that (the tail)."""
+def _time_model(model, ref_ns: dict, job: dict, device, hold: "_GpuHold | None") -> dict:
+    """Many calls, each on fresh input contents after an L2 flush and a lead (_GpuHold), timed from the
+    lead's end to the end of the call's stream; after each, how long the whole device stayed busy beyond
+    that (the tail)."""
     import torch
     t = job["timing"]
     bases = [_make_inputs(ref_ns, spec, device) for spec in t["input_specs"]]
@@ -949,6 +952,7 @@ def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
             _sync(device)
             i += 1
         cycles_per_ms = _spin_cycles_per_ms() if flush is not None else 0.0
+        lead_ms = t.get("lead_ms", 0.0) if hold is not None else 0.0
         for i, (d, scale) in enumerate(plan):
             buf = bufs[i % 2]
             refill(buf, bases[d], scale)
@@ -956,9 +960,13 @@ def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
                 start, end, device_end, idle, idle_end = (torch.cuda.Event(enable_timing=True) for _ in range(5))
                 torch.cuda.synchronize()
                 flush.fill_(float(i))  # L2 flush: >= 2x the L2 size, outside the timed window
-                # KernelBench's protocol: the start event waits behind the flush, so the model's first
-                # launches are queued while the GPU flushes and the host's latency before its first kernel
-                # is not counted as GPU time, and the end event follows the call on its stream.
+                # KernelBench's protocol (the start event waits behind the flush, the end event follows the
+                # call on its stream) plus a lead: the GPU held for lead_ms before the start event, so the
+                # call's first launches are queued before the GPU reaches them. Without it the host's
+                # latency to its first kernel showed whenever it exceeded the flush: it moves in phases of
+                # seconds on these machines and moved 30-call medians by 2.3% (0.7% with a lead).
+                if lead_ms:
+                    hold(lead_ms)
                 start.record()
                 out = model(*buf)
                 end.record()
@@ -995,7 +1003,74 @@ def _time_model(model, ref_ns: dict, job: dict, device) -> dict:
         out_bytes = sum(o.numel() * o.element_size() for o in _flat(model(*bufs[0])) if isinstance(o, torch.Tensor))
     in_bytes = sum(x.numel() * x.element_size() for x in bases[0] if isinstance(x, torch.Tensor))
     return {"samples": samples, "tails": tails, "verify": [{k: c[k] for k in ("iter", "base", "scale")} for c in checked],
-            "path": path, "io_bytes": in_bytes + out_bytes, **host}
+            "path": path, "io_bytes": in_bytes + out_bytes, "lead_ms": lead_ms, **host}
+
+
+_HOLD_PTX = """.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry pacevolve_hold(.param .u64 ns)
+{
+    .reg .u64 %start, %now, %limit;
+    .reg .pred %wait;
+    ld.param.u64 %limit, [ns];
+    mov.u64 %start, %globaltimer;
+SPIN:
+    mov.u64 %now, %globaltimer;
+    sub.u64 %now, %now, %start;
+    setp.lt.u64 %wait, %now, %limit;
+    @%wait bra SPIN;
+    ret;
+}
+"""
+
+
+def _make_hold(device) -> "_GpuHold | None":
+    if device.type != "cuda":
+        return None
+    try:
+        return _GpuHold(device)
+    except Exception as e:  # noqa: BLE001 - then KernelBench's protocol without a lead; timing says lead_ms 0
+        print(f"pacevolve: no timing lead ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+        return None
+
+
+class _GpuHold:
+    """A kernel that fills every warp slot of every SM and spins for a given time: the timing's lead.
+
+    While it runs the call's first launches are queued behind it, so the host's latency cannot show in the
+    sample; and since no SM has room for another block, work the candidate might start on a stream of its
+    own during the lead cannot run either. (torch.cuda._sleep, a single thread, would leave the GPU free
+    for that.) PTX loaded through the driver, so nothing is compiled.
+    """
+
+    def __init__(self, device):
+        import ctypes
+        import torch
+        props = torch.cuda.get_device_properties(device)
+        per_sm = getattr(props, "max_threads_per_multi_processor", 0) or 2048
+        self.block = next(b for b in (1024, 768, 512, 256, 128, 64, 32) if per_sm % b == 0)
+        self.grid = props.multi_processor_count * (per_sm // self.block)
+        cuda = ctypes.CDLL("libcuda.so.1")
+        module, self._fn = ctypes.c_void_p(), ctypes.c_void_p()
+        torch.cuda.current_stream(device).synchronize()  # the primary context is current on this thread
+        for call, args in ((cuda.cuModuleLoadData, (ctypes.byref(module), ctypes.c_char_p(_HOLD_PTX.encode()))),
+                           (cuda.cuModuleGetFunction, (ctypes.byref(self._fn), module, b"pacevolve_hold"))):
+            err = call(*args)
+            if err:
+                raise RuntimeError(f"{call.__name__} failed with CUDA error {err}")
+        self._cuda, self._ctypes, self._torch, self._device = cuda, ctypes, torch, device
+
+    def __call__(self, ms: float) -> None:
+        """Queue the hold on the current stream."""
+        c = self._ctypes
+        ns = c.c_uint64(int(ms * 1e6))
+        params = (c.c_void_p * 1)(c.cast(c.pointer(ns), c.c_void_p))
+        stream = c.c_void_p(self._torch.cuda.current_stream(self._device).cuda_stream)
+        err = self._cuda.cuLaunchKernel(self._fn, c.c_uint(self.grid), c.c_uint(1), c.c_uint(1), c.c_uint(self.block),
+                                        c.c_uint(1), c.c_uint(1), c.c_uint(0), stream, params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
 
 
 def _spin_cycles_per_ms() -> float:
@@ -1291,6 +1366,7 @@ class Options:
     host_rounds: int = 3
     host_ratio: float = 3.0  # reject if event median * host_ratio < host per-call time ...
     host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
+    lead_ms: float = 0.5  # GPU spin between the L2 flush and the start event: host latency up to this is hidden
     tail_ms: float = 0.05  # median device time after the call's stream finished, less the host's own delay:
     # above this, work was left on another stream
     max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
@@ -1300,9 +1376,7 @@ class Options:
     build_workers: int | None = None
     use_pch: bool = True
     light_headers: bool = True  # .cu files try a light torch/extension.h first (LIGHT_HEADER), then the real one
-    # nvcc's host and device front ends side by side (fast_nvcc.py). Off: it cut a .cu compile alone by
-    # 27-29% on an H200 machine, but whole builds in the builder were no faster (BENCHMARKS.md).
-    fast_nvcc: bool = False
+    fast_nvcc: bool = True  # nvcc's host and device front ends side by side (fast_nvcc.py)
     flush_bytes: int = 256 << 20
     poison_bytes: int = 1 << 30
     peak_bytes_per_s: float | None = None
@@ -1705,7 +1779,7 @@ class Evaluator:
         specs = specs or [own[0]]
         iters = self.opts.timing_iters
         timing = {"input_specs": own, "iters": iters, "warmup": self.opts.warmup, "warmup_ms": self.opts.warmup_ms,
-                  "seed": secrets.randbits(31), "tail_ms": self.opts.tail_ms,
+                  "seed": secrets.randbits(31), "tail_ms": self.opts.tail_ms, "lead_ms": self.opts.lead_ms,
                   "verify": sorted(secrets.SystemRandom().sample(range(iters), min(self.opts.verify_calls, iters)))
                   if mode == "candidate" else [], "flush_bytes": self._flush_bytes(dev), "host_calls": self.opts.host_calls,
                   "host_rounds": self.opts.host_rounds}
@@ -1806,7 +1880,7 @@ class Evaluator:
         details["timing"] = {"samples_ms": msg["samples"], "median_ms": median, "iqr_ms": iqr,
                              "spread": iqr / median if median else None, "host_ms_per_call": host_ms,
                              "device_tail_ms": None if math.isnan(tail) else tail, "tails_ms": msg.get("tails", []),
-                             "io_bytes": msg.get("io_bytes", 0)}
+                             "lead_ms": msg.get("lead_ms", 0.0), "io_bytes": msg.get("io_bytes", 0)}
         t = mark("timing", t)
         details["time_s"] = round(time.monotonic() - t0, 3)
         if job["mode"] == "candidate":

@@ -10,17 +10,18 @@ The two front ends each parse every header the file includes; for a PyTorch exte
 the build. They depend on each other only through the module id file, so this program writes that file
 itself and runs the two chains at once: the build costs max(host, device) + final instead of the sum.
 The commands are nvcc's own, taken from ``nvcc --dryrun`` with the same arguments, so flags, include
-paths and tool versions are exactly nvcc's. Anything this program does not recognise (device linking,
-dependency generation, several files, a missing tool) goes to the real nvcc unchanged.
+paths and tool versions are exactly nvcc's. A dependency file asked for with the compile (``-MD -MF f``,
+which torch's build.ninja always asks for) is written by a third, preprocess-only nvcc run beside the two
+chains. Anything this program does not recognise (device linking, other dependency options, several
+files, a missing tool) goes to the real nvcc unchanged.
 
 Errors read as nvcc's would: if the host chain fails, its output is what is shown (nvcc stops there too);
 a failure of the device chain alone (a device-only error) shows the device output.
 
 Use it for any torch extension build with ``PYTORCH_NVCC="python3 fast_nvcc.py"`` (torch puts that
-value in build.ninja), or in the evaluator with ``Evaluator(..., fast_nvcc=True)``. On an H200 machine it
-compiled a candidate's .cu in 24.2 s instead of nvcc's 33.9 s (13.5 s instead of 18.4 s with the light
-header), but whole builds inside the evaluator's builder were no faster, so it is off there by default
-(BENCHMARKS.md). Standard library only.
+value in build.ninja); the evaluator uses it by default (``Evaluator(..., fast_nvcc=False)`` turns it off).
+On an H200 machine it compiled a candidate's .cu in 24.2 s instead of nvcc's 33.9 s (13.5 s instead of
+18.4 s with the light header); BENCHMARKS.md has the whole builds. Standard library only.
 
     python3 fast_nvcc.py [--nvcc PATH] <nvcc arguments>
 """
@@ -38,7 +39,7 @@ import threading
 from dataclasses import dataclass, field
 
 # nvcc flags after which this program steps aside: they change the pipeline's shape (device linking,
-# dependency files, several outputs) or ask nvcc itself to parallelise.
+# dependency files other than -MD/-MMD with -MF, several outputs) or ask nvcc itself to parallelise.
 _PASS_THROUGH = re.compile(r"^(-dc|-rdc|--relocatable-device-code|--device-c|-dlink|--device-link|-lib|-M\w*|"
                            r"--generate-dependencies\S*|--dependency-output|-t|--threads|-E|--preprocess|-ptx|"
                            r"-cubin|-fatbin|--dryrun|--keep|--version|-V|--help|-h|--list-gpu-\w+|-odir)(=.*)?$")
@@ -138,11 +139,51 @@ class _Chain(threading.Thread):
                 self._proc.kill()
 
 
+_WITH_DEPS = {"-MD": "-M", "--generate-dependencies-with-compile": "-M",
+              "-MMD": "-MM", "--generate-nonsystem-dependencies-with-compile": "-MM"}
+
+
+def split_dependencies(args: list[str]) -> tuple[list[str], list[str] | None]:
+    """(the compile's own arguments, nvcc arguments that write the same dependency file), or (args, None).
+
+    ``nvcc -MD -MF f -c x.cu -o x.o`` writes f as ``nvcc -M -MT x.o -c x.cu -o f`` would (the rule's target
+    is the -o path as written, unless -MT names one), so that run can go beside the compile.
+    """
+    rest, mode, depfile, target, i = [], None, None, None, 0
+    while i < len(args):
+        a = args[i]
+        value = args[i + 1] if i + 1 < len(args) else None
+        if a in _WITH_DEPS:
+            if mode not in (None, _WITH_DEPS[a]):
+                return args, None  # -MD and -MMD together: nvcc's call
+            mode = _WITH_DEPS[a]
+        elif a in ("-MF", "--dependency-output", "-MT", "--dependency-target-name") and value is not None:
+            if a in ("-MF", "--dependency-output"):
+                depfile = value
+            else:
+                target = value
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    if mode is None and depfile is None and target is None:
+        return args, None
+    outputs = [rest[k + 1] for k, a in enumerate(rest[:-1]) if a in ("-o", "--output-file")]
+    if mode is None or depfile is None or len(outputs) != 1:
+        return args, None  # nvcc's own defaults for these cases are left to nvcc
+    compile_only = [a for a in rest if a not in ("-c", "--compile")]
+    k = max(k for k, a in enumerate(compile_only) if a in ("-o", "--output-file"))
+    deps = [mode, "-MT", target or outputs[0], *compile_only[:k], *compile_only[k + 2:], "-o", depfile]
+    return rest, deps
+
+
 def run(args: list[str], nvcc: str) -> int:
     """Compile like ``nvcc args``; returns the exit status. The tools' stdout and stderr pass through."""
-    sources = [a for a in args if a.endswith((".cu", ".cuh"))]
-    if len(sources) != 1 or "-c" not in args or any(_PASS_THROUGH.match(a) for a in args):
+    compile_args, dep_args = split_dependencies(args)
+    sources = [a for a in compile_args if a.endswith((".cu", ".cuh"))]
+    if len(sources) != 1 or "-c" not in compile_args or any(_PASS_THROUGH.match(a) for a in compile_args):
         return subprocess.call([nvcc, *args])
+    args = compile_args
     scratch = tempfile.mkdtemp(prefix="fast_nvcc_")
     try:
         env = dict(os.environ, TMPDIR=scratch)  # nvcc names its intermediate files after TMPDIR
@@ -153,19 +194,31 @@ def run(args: list[str], nvcc: str) -> int:
         with open(plan.module_id_file, "w") as f:
             f.write(_module_id(sources[0]))
         host, device = _Chain(plan.host, plan.env), _Chain(plan.device, plan.env)
-        host.start()
-        device.start()
+        deps = _Chain([shlex.join([nvcc, *dep_args])], env) if dep_args else None
+        for chain in (host, device, deps):
+            if chain:
+                chain.start()
         host.join()
         if host.returncode:
-            device.stop()  # nvcc would not have started the device chain; its errors would repeat the host's
-            device.join()
+            for chain in (device, deps):  # nvcc would have stopped here; their errors would repeat the host's
+                if chain:
+                    chain.stop()
+                    chain.join()
             host.show()
             return host.returncode
         device.join()
         host.show()
         device.show()
         if device.returncode:
+            if deps:
+                deps.stop()
+                deps.join()
             return device.returncode
+        if deps:
+            deps.join()
+            if deps.returncode:
+                deps.show()
+                return deps.returncode
         final = _Chain(plan.final, plan.env)
         final.run()
         final.show()

@@ -1,11 +1,11 @@
 """Where a candidate's build time goes, and what light headers and fast_nvcc.py save (issue 7).
 
 1. Whole builds through the evaluator: a new source of tests/kernels/conv_groupnorm_fused.py evaluated
-   under four option sets: torch's own way (light_headers=False, fast_nvcc=False), each change alone
-   (light headers alone is the default), both; the figure is EvalResult.details["build_wall_s"], with
+   under four option sets: torch's own way (light_headers=False, fast_nvcc=False), each change alone,
+   both (the default); the figure is EvalResult.details["build_wall_s"], with
    ninja's own per-target times. Torch's precompiled header for main.cpp is built first, untimed (it is
    built once per machine).
-2. The candidate's cuda.cu alone, with torch's exact nvcc command from build.ninja: nvcc's own phases
+2. The candidate's cuda.cu alone, with torch's exact nvcc command from build.ninja (dependency file included): nvcc's own phases
    (`nvcc --time`) with the real torch/extension.h and with the light header, then fast_nvcc.py's wall time
    on the same command.
 
@@ -33,9 +33,9 @@ import evaluate_kernel  # noqa: E402
 import tasks  # noqa: E402
 
 CONFIGS = [("torch's way: real header, plain nvcc", dict(light_headers=False, fast_nvcc=False)),
-           ("light header, plain nvcc (default)", dict(light_headers=True, fast_nvcc=False)),
+           ("light header, plain nvcc", dict(light_headers=True, fast_nvcc=False)),
            ("real header, fast_nvcc", dict(light_headers=False, fast_nvcc=True)),
-           ("light header + fast_nvcc", dict(light_headers=True, fast_nvcc=True))]
+           ("light header + fast_nvcc (default)", dict(light_headers=True, fast_nvcc=True))]
 
 
 def whole_builds(src: str, work: str) -> list[tuple[str, str]]:
@@ -64,6 +64,8 @@ def nvcc_command(ninja_file: str, light_dir: str | None) -> tuple[list[str], str
     post = re.search(r"^cuda_post_cflags = (.*)$", text, re.M)
     src = os.path.join(os.path.dirname(ninja_file), "cuda.cu")
     extra = [f"-I{light_dir}"] if light_dir else []
+    if re.search(r"^\s*command = \$nvcc -MD -MF", text, re.M):  # torch's rule asks for a dependency file
+        extra = ["-MD", "-MF", os.path.join(tempfile.mkdtemp(prefix="nvcc_deps_"), "cuda.o.d")] + extra
     return extra + flags + ["-c", src] + (shlex.split(post.group(1)) if post else []), src
 
 

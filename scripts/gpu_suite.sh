@@ -26,7 +26,7 @@ for stage in $STAGES; do
       done
       wait
       for f in test_gpu_golden test_evaluate test_cheats; do echo "== $f"; tail -15 "$OUT/$f.log"; done
-      timeout 150 python3 scripts/timing_check.py --config default > "$OUT/timing_check.md" 2>&1
+      timeout 180 python3 scripts/timing_check.py --protocols-s 20 --config default > "$OUT/timing_check.md" 2>&1
       cat "$OUT/timing_check.md" ;;
     bench)
       timeout 560 python3 scripts/bench_eval.py --out "$OUT/bench_eval.md" --k 6 --budget-s 330 > "$OUT/bench.log" 2>&1

@@ -83,6 +83,57 @@ def drift(task, seconds: float) -> None:
                   f"spread {100 * (max(vals) - min(vals)) / statistics.median(vals):.1f}%")
 
 
+def protocols(task, seconds: float) -> None:
+    """Is the phase drift the host's or the GPU's? The reference in one process, rounds of 30 calls
+    rotating three per-call protocols for `seconds`: "kb" is KernelBench's (flush, start event, call, end
+    event); "spin" puts a 0.5 ms torch.cuda._sleep between the flush and the start event, so the whole call
+    is queued before the GPU reaches it and the host's speed cannot show; "hold" does the same with the
+    evaluator's lead (_GpuHold, every SM's warp slots held). Each round also reports the host's time to queue
+    one call. If kb's medians move with the host time and the others stay put, the drift is the host's."""
+    import torch
+    _, model, inputs = bench_eval.reference_on_gpu(task)
+    flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    cycles = evaluate_kernel._spin_cycles_per_ms() * 0.5
+    hold = evaluate_kernel._GpuHold(torch.device("cuda:0"))
+    leads = {"kb": lambda: None, "spin": lambda: torch.cuda._sleep(int(cycles)), "hold": lambda: hold(0.5)}
+
+    def round_(lead) -> tuple[float, float]:
+        samples, host = [], []
+        for i in range(30):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            flush.zero_()
+            lead()
+            start.record()
+            t0 = time.perf_counter()
+            model(*inputs[i % 2])
+            host.append((time.perf_counter() - t0) * 1e3)
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end))
+        return statistics.median(samples), statistics.median(host)
+
+    with torch.no_grad():
+        for name in leads:
+            round_(leads[name])
+        rows, t0, k = [], time.perf_counter(), 0
+        print("| t s | protocol | median ms | host queue ms |\n|---|---|---|---|")
+        while time.perf_counter() - t0 < seconds:
+            name = list(leads)[k % len(leads)]
+            ms, host = round_(leads[name])
+            rows.append((name, ms, host))
+            print(f"| {time.perf_counter() - t0:.1f} | {name} | {ms:.4f} | {host:.4f} |", flush=True)
+            k += 1
+    for name in leads:
+        vals = [(ms, host) for n, ms, host in rows if n == name]
+        if len(vals) > 2:
+            ms = [v[0] for v in vals]
+            corr = statistics.correlation(ms, [v[1] for v in vals])
+            print(f"{name}: {len(vals)} rounds, medians {min(ms):.4f}-{max(ms):.4f} ms (median {statistics.median(ms):.4f}), "
+                  f"spread {100 * (max(ms) - min(ms)) / statistics.median(ms):.1f}%, stdev "
+                  f"{100 * statistics.stdev(ms) / statistics.mean(ms):.2f}%, correlation with host time {corr:.2f}")
+
+
 def parse_config(text: str) -> dict:
     """"warm_runners=False,prepare_bytes=0" -> Evaluator options ("" or "default": none)."""
     opts = {}
@@ -100,9 +151,13 @@ def main() -> int:
                     '"warm_runners=False", "inputs_on_device=False,prepare_bytes=0" (repeatable)')
     ap.add_argument("--drift-s", type=float, default=0, help="first time the reference in one process for this "
                     "long, with the GPU's clocks, temperature and power (see drift())")
+    ap.add_argument("--protocols-s", type=float, default=0, help="first compare two timing protocols in one "
+                    "process for this long (see protocols())")
     args = ap.parse_args()
-    configs = args.config or ([] if args.drift_s else ["default", "warm_runners=False"])
+    configs = args.config or ([] if args.drift_s or args.protocols_s else ["default", "warm_runners=False"])
     task = tasks.get(args.task)
+    if args.protocols_s:
+        protocols(task, args.protocols_s)
     if args.drift_s:
         drift(task, args.drift_s)
     if not configs:

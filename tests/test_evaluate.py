@@ -435,13 +435,12 @@ def test_light_header_wins_over_torch_s_in_a_cu_include_path(tmp_path):
 
 
 def test_build_options_reach_the_builder(ev, tmp_path):
-    cfg = ev._build_cfg()  # the defaults: light headers on, fast_nvcc off
+    cfg = ev._build_cfg()  # the defaults: light headers and fast_nvcc on
     assert (Path(cfg["light_dir"]) / "torch" / "extension.h").read_text() == ek.LIGHT_HEADER
-    assert cfg["nvcc"] == ""
-    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), light_headers=False, fast_nvcc=True,
+    assert cfg["nvcc"].endswith("fast_nvcc.py") and os.path.exists(cfg["nvcc"])
+    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), light_headers=False, fast_nvcc=False,
                       warm_runners=False) as other:
-        assert other._build_cfg()["light_dir"] == ""
-        assert other._build_cfg()["nvcc"].endswith("fast_nvcc.py") and os.path.exists(other._build_cfg()["nvcc"])
+        assert other._build_cfg()["light_dir"] == "" and other._build_cfg()["nvcc"] == ""
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -603,6 +602,57 @@ def test_gpu_work_left_on_another_stream_is_rejected(gpu_ev, monkeypatch):
     r = gpu_ev.evaluate(variant(SIDE_STREAM_BODY))
     assert r.status == "rejected" and "another stream" in r.message, (r.status, r.message)
     assert r.details["timing"]["device_tail_ms"] > 1.0
+
+
+# Work started on a side stream while the GPU is held for the lead, joined back before returning: with a
+# lead that leaves SMs free it would be done before the start event and cost nothing.
+HEAD_START_BODY = """        if not hasattr(self, "side"):
+            self.side = torch.cuda.Stream(device=x.device)
+        with torch.cuda.stream(self.side):
+            x_conv = self.conv(x)
+            t = torch.tanh(self.group_norm(x_conv))
+            out = torch.logsumexp(x_conv + t * (t + 3.0) / 6.0, dim=1, keepdim=True)
+        torch.cuda.current_stream().wait_stream(self.side)
+        return out"""
+
+
+@pytest.mark.gpu
+def test_gpu_work_started_on_another_stream_during_the_lead_is_counted(gpu_ev, monkeypatch):
+    monkeypatch.setattr(ek, "screen", lambda src: ek.ScreenVerdict("ok"))
+    honest = gpu_ev.evaluate(variant(HONEST_BODY))
+    cheat = gpu_ev.evaluate(variant(HEAD_START_BODY))
+    assert honest.status == "ok" and honest.details["timing"]["lead_ms"] == 0.5, honest.message
+    assert cheat.status == "ok" and cheat.runtime_ms > 0.8 * honest.runtime_ms, (cheat.runtime_ms, honest.runtime_ms)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lead", ["hold", "sleep"])
+def test_gpu_hold_keeps_other_streams_off_the_gpu(lead):
+    """_GpuHold leaves no room for a kernel on another stream; torch.cuda._sleep (the control) does."""
+    import torch
+    device = torch.device("cuda:0")
+    hold = ek._GpuHold(device)
+    cycles_per_ms = ek._spin_cycles_per_ms()
+    side = torch.cuda.Stream(device=device)
+    t0, held, side_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    torch.cuda.synchronize()
+    t0.record()
+    if lead == "hold":
+        hold(3.0)
+    else:
+        torch.cuda._sleep(int(3.0 * cycles_per_ms))
+    held.record()
+    time.sleep(0.0005)  # the lead is resident on the GPU before the side kernel arrives
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(int(0.5 * cycles_per_ms))
+        side_done.record()
+    torch.cuda.synchronize()
+    lead_ms, side_ms = t0.elapsed_time(held), t0.elapsed_time(side_done)
+    assert lead_ms > 2.9
+    if lead == "hold":
+        assert side_ms > lead_ms + 0.4, (lead_ms, side_ms)  # it waited for the hold, then ran
+    else:
+        assert side_ms < lead_ms, (lead_ms, side_ms)
 
 
 @pytest.mark.gpu

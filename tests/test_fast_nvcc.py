@@ -46,7 +46,7 @@ TOOL = textwrap.dedent("""\
 # call logs its arguments (the pass-through path) and writes the output.
 NVCC = textwrap.dedent("""\
     #!{python}
-    import os, sys
+    import os, sys, time
     args = sys.argv[1:]
     out = args[args.index("-o") + 1] if "-o" in args else "a.o"
     tmp, b = os.environ.get("TMPDIR", "/tmp"), "{bin}"
@@ -66,6 +66,10 @@ NVCC = textwrap.dedent("""\
         sys.stderr.write("".join("#$ " + l + "\\n" for l in lines))
         sys.exit(0)
     with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(f"nvcc_run start {{time.time():.3f}} -\\n")
+    time.sleep(float(os.environ.get("FAKE_SLEEP_nvcc", "0")))
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(f"nvcc_run end {{time.time():.3f}} -\\n")
         f.write("nvcc " + " ".join(args) + "\\n")
     open(out, "w").write("nvcc")
 """)
@@ -135,6 +139,38 @@ def test_unrecognised_pipelines_and_flags_go_to_nvcc_unchanged(fake):
     assert log[-1] == ["nvcc", "-c", "a.cu", "b.cu"]
 
 
+def test_dependency_file_is_written_beside_the_compile(fake, tmp_path):
+    # torch's build.ninja always asks nvcc for a dependency file; that must not send the build to plain nvcc.
+    proc, log = fake("-MD", "-MF", "x.o.d", "-O3", "-c", "x.cu", "-o", "x.o",
+                     FAKE_SLEEP_cudafepp="1.5", FAKE_SLEEP_cicc="1.5", FAKE_SLEEP_nvcc="1.5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ["nvcc", "-M", "-MT", "x.o", "-O3", "x.cu", "-o", "x.o.d"] in log
+    deps, host = events(log, "nvcc_run"), events(log, "cudafepp")
+    assert deps["start"] < host["end"] and host["start"] < deps["end"]  # beside the front ends
+    assert (tmp_path / "x.o").read_text() == "gcc" and (tmp_path / "x.o.d").read_text() == "nvcc"
+
+
+def test_dependency_run_stops_with_a_host_failure(fake):
+    proc, log = fake("-MD", "-MF", "x.o.d", "-c", "x.cu", "-o", "x.o", FAKE_FAIL_cudafepp="2", FAKE_SLEEP_nvcc="5")
+    assert proc.returncode == 2 and "cudafepp: error" in proc.stdout
+    assert "end" not in events(log, "nvcc_run")
+
+
+@pytest.mark.parametrize("args, compile_args, deps", [
+    (["-MD", "-MF", "o.d", "-c", "x.cu", "-o", "o"], ["-c", "x.cu", "-o", "o"], ["-M", "-MT", "o", "x.cu", "-o", "o.d"]),
+    (["--generate-nonsystem-dependencies-with-compile", "--dependency-output", "o.d", "-I", "inc", "-c", "x.cu",
+      "-o", "o", "-MT", "t"], ["-I", "inc", "-c", "x.cu", "-o", "o"], ["-MM", "-MT", "t", "-I", "inc", "x.cu", "-o", "o.d"]),
+    (["-c", "x.cu", "-o", "o"], ["-c", "x.cu", "-o", "o"], None),  # nothing asked
+    (["-MD", "-c", "x.cu", "-o", "o"], None, None),  # no -MF: nvcc's own default name, left to nvcc
+    (["-MF", "o.d", "-c", "x.cu", "-o", "o"], None, None),  # -MF alone
+    (["-MD", "-MF", "o.d", "-c", "x.cu"], None, None),  # no -o
+    (["-MD", "-MMD", "-MF", "o.d", "-c", "x.cu", "-o", "o"], None, None),  # two modes at once
+])
+def test_split_dependencies(args, compile_args, deps):
+    got = fast_nvcc.split_dependencies(args)
+    assert got == ((compile_args, deps) if compile_args else (args, None))
+
+
 def test_plan_from_dryrun_splits_steps_and_rejects_other_shapes():
     text = "\n".join("#$ " + l for l in [
         "PATH=/cuda/bin:/usr/bin", 'SYSTEM_INCLUDES="-isystem" "/cuda/include/cccl"',
@@ -184,6 +220,20 @@ def test_real_nvcc_same_object_symbols(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     fast, ref = _defined_symbols(str(tmp_path / "fast.o")), _defined_symbols(str(tmp_path / "ref.o"))
     assert fast == ref and any("scale" in s for s in fast) and any("launch" in s for s in fast)
+
+
+@needs_nvcc
+def test_real_nvcc_same_dependency_file(tmp_path):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    flags = ["-gencode=arch=compute_90a,code=sm_90a", "-c", "k.cu", "-o", "out/k.o"]
+    (tmp_path / "out").mkdir()
+    subprocess.run([NVCC_REAL, "-MD", "-MF", "ref.d", *flags], cwd=tmp_path, check=True)
+    proc = subprocess.run([sys.executable, SCRIPT, "-MD", "-MF", "fast.d", *flags], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ref = (tmp_path / "ref.d").read_text()
+    assert ref.startswith("out/k.o : k.cu") and "cuda_runtime.h" in ref
+    assert (tmp_path / "fast.d").read_text() == ref
 
 
 @needs_nvcc
