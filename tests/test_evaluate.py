@@ -648,6 +648,7 @@ def test_gpu_hold_keeps_other_streams_off_the_gpu(lead):
         side_done.record()
     torch.cuda.synchronize()
     lead_ms, side_ms = t0.elapsed_time(held), t0.elapsed_time(side_done)
+    print(f"HOLD {lead}: lead ends {lead_ms:.3f} ms, side kernel ends {side_ms:.3f} ms")
     assert lead_ms > 2.9
     if lead == "hold":
         assert side_ms > lead_ms + 0.4, (lead_ms, side_ms)  # it waited for the hold, then ran
