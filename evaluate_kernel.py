@@ -6,15 +6,19 @@ the module's job is to make that number honest:
 
 * a static screen rejects code patterns with no honest use in a candidate (RULES, each with its reason);
 * the candidate is built in a subprocess with no GPU (per-source-hash build dir, hard timeout; a .cu file's
-  <torch/extension.h> tries LIGHT_HEADER first, about half the compile time, then the real one if needed),
-  then run in a fresh subprocess per evaluation (own process group, hard timeout, scrubbed environment);
+  <torch/extension.h> tries LIGHT_HEADER first, about half the compile time, then the real one if needed;
+  nvcc's host and device front ends run side by side through fast_nvcc.py), then run in a fresh
+  subprocess per evaluation (own process group, hard timeout, scrubbed environment);
 * reference outputs come from a persistent worker that never imports candidate code; it also does every
   comparison, on tensors loaded with ``weights_only=True``, so the candidate cannot forge a verdict;
 * timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream) on
-  fresh input contents every call; a device-wide synchronise after each call, less the host's own delay
-  measured right after, rejects work left running on other streams; timed outputs are spot-checked and the
-  host clock cross-checks the events. The baseline is the reference timed by the same routine on the same
-  GPU, once per GPU.
+  fresh input contents every call, with a lead: the GPU is held (_GpuHold, every SM's warp slots) for
+  lead_ms before the start event, so the host's latency to the first kernel does not count and nothing
+  can run beside the hold; the runtime is the median, or the host's time to queue a call when longer. A
+  device-wide synchronise after each call, less the host's own delay measured right after, rejects work
+  left running on other streams; timed outputs are spot-checked and the host clock cross-checks the events
+  (against calls timed without the lead). The baseline is the reference timed by the same routine on the
+  same GPU, once per GPU.
 
 Left out: profiler proof that custom kernels ran (a pure-PyTorch candidate is legal in KernelBench), clock
 locking, and precision policies other than fp32 / opt-in TF32.

@@ -2,12 +2,11 @@
 
 1. Whole builds through the evaluator: a new source of tests/kernels/conv_groupnorm_fused.py evaluated
    under four option sets: torch's own way (light_headers=False, fast_nvcc=False), each change alone,
-   both (the default); the figure is EvalResult.details["build_wall_s"], with
-   ninja's own per-target times. Torch's precompiled header for main.cpp is built first, untimed (it is
-   built once per machine).
-2. The candidate's cuda.cu alone, with torch's exact nvcc command from build.ninja (dependency file included): nvcc's own phases
-   (`nvcc --time`) with the real torch/extension.h and with the light header, then fast_nvcc.py's wall time
-   on the same command.
+   both (the default); the figure is EvalResult.details["build_wall_s"], with ninja's own per-target
+   times. Torch's precompiled header for main.cpp is built first, untimed (it is built once per machine).
+2. The candidate's cuda.cu alone, with torch's exact nvcc command from build.ninja (its dependency file
+   included): nvcc's own phases (`nvcc --time`) with the real torch/extension.h and with the light header,
+   then fast_nvcc.py's wall time on the same command.
 
     python3 scripts/build_cost.py [--no-phases]     # on a GPU machine (the evaluator times on it)
 """
