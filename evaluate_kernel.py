@@ -968,7 +968,7 @@ def _time_model(model, ref_ns: dict, job: dict, device, hold: "_GpuHold | None")
                 # call on its stream) plus a lead: the GPU held for lead_ms before the start event, so the
                 # call's first launches are queued before the GPU reaches them. Without it the host's
                 # latency to its first kernel showed whenever it exceeded the flush: it moves in phases of
-                # seconds on these machines and moved 30-call medians by 2.3% (0.7% with a lead).
+                # seconds on these machines and moved 30-call medians by 2-3% (0.1% with this lead).
                 with_lead = bool(lead_ms) and i % 4 != 3  # every fourth call as KernelBench times it: the host check
                 if with_lead:
                     hold(lead_ms)
@@ -1387,7 +1387,7 @@ class Options:
     host_rounds: int = 3
     host_ratio: float = 3.0  # reject if event median * host_ratio < host per-call time ...
     host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
-    lead_ms: float = 0.5  # GPU spin between the L2 flush and the start event: host latency up to this is hidden
+    lead_ms: float = 0.5  # the GPU held (_GpuHold) between the L2 flush and the start event; 0: KernelBench's protocol
     tail_ms: float = 0.05  # median device time after the call's stream finished, less the host's own delay:
     # above this, work was left on another stream
     max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
