@@ -157,12 +157,10 @@ def split_dependencies(args: list[str]) -> tuple[list[str], list[str] | None]:
             if mode not in (None, _WITH_DEPS[a]):
                 return args, None  # -MD and -MMD together: nvcc's call
             mode = _WITH_DEPS[a]
-        elif a in ("-MF", "--dependency-output", "-MT", "--dependency-target-name") and value is not None:
-            if a in ("-MF", "--dependency-output"):
-                depfile = value
-            else:
-                target = value
-            i += 1
+        elif a in ("-MF", "--dependency-output") and value is not None:
+            depfile, i = value, i + 1
+        elif a in ("-MT", "--dependency-target-name") and value is not None:
+            target, i = value, i + 1
         else:
             rest.append(a)
         i += 1
@@ -175,6 +173,12 @@ def split_dependencies(args: list[str]) -> tuple[list[str], list[str] | None]:
     k = max(k for k, a in enumerate(compile_only) if a in ("-o", "--output-file"))
     deps = [mode, "-MT", target or outputs[0], *compile_only[:k], *compile_only[k + 2:], "-o", depfile]
     return rest, deps
+
+
+def _cancel(*chains: _Chain) -> None:
+    for chain in chains:
+        chain.stop()
+        chain.join()
 
 
 def run(args: list[str], nvcc: str) -> int:
@@ -194,31 +198,25 @@ def run(args: list[str], nvcc: str) -> int:
         with open(plan.module_id_file, "w") as f:
             f.write(_module_id(sources[0]))
         host, device = _Chain(plan.host, plan.env), _Chain(plan.device, plan.env)
-        deps = _Chain([shlex.join([nvcc, *dep_args])], env) if dep_args else None
+        # The dependency file: nvcc's own preprocess-only run (no commands to run: an empty chain).
+        deps = _Chain([shlex.join([nvcc, *dep_args])] if dep_args else [], env)
         for chain in (host, device, deps):
-            if chain:
-                chain.start()
+            chain.start()
         host.join()
         if host.returncode:
-            for chain in (device, deps):  # nvcc would have stopped here; their errors would repeat the host's
-                if chain:
-                    chain.stop()
-                    chain.join()
+            _cancel(device, deps)  # nvcc would have stopped here; their errors would repeat the host's
             host.show()
             return host.returncode
         device.join()
         host.show()
         device.show()
         if device.returncode:
-            if deps:
-                deps.stop()
-                deps.join()
+            _cancel(deps)
             return device.returncode
-        if deps:
-            deps.join()
-            if deps.returncode:
-                deps.show()
-                return deps.returncode
+        deps.join()
+        if deps.returncode:
+            deps.show()
+            return deps.returncode
         final = _Chain(plan.final, plan.env)
         final.run()
         final.show()
