@@ -5,10 +5,11 @@ PyTorch reference of a KernelBench problem. The search optimises whatever number
 the module's job is to make that number honest:
 
 * a static screen rejects code patterns with no honest use in a candidate (RULES, each with its reason);
-* the candidate is built in a subprocess with no GPU (per-source-hash build dir, hard timeout; a .cu file's
-  <torch/extension.h> tries LIGHT_HEADER first, about half the compile time, then the real one if needed;
-  nvcc's host and device front ends run side by side through fast_nvcc.py), then run in a fresh
-  subprocess per evaluation (own process group, hard timeout, scrubbed environment);
+* the candidate is built in a subprocess with no GPU (per-source-hash build dir, hard timeout; a .cu file
+  is built first with light_headers.py's cut-down torch headers, about a third of the real ones' compile
+  time, then with the real ones if that fails; nvcc's host and device front ends run side by side through
+  fast_nvcc.py), then run in a fresh subprocess per evaluation (own process group, hard timeout, scrubbed
+  environment);
 * reference outputs come from a persistent worker that never imports candidate code; it also does every
   comparison, on tensors loaded with ``weights_only=True``, so the candidate cannot forge a verdict;
 * timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream) on
@@ -490,8 +491,9 @@ def _install_build_defaults(cfg: dict) -> dict:
             os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
                                                      os.path.join(ce.CUDA_HOME, "bin", "nvcc")])
         try:
-            module = _build_with_light_headers(ce, original, args, kw, cfg, name, build_dir, record) \
-                if bound and bound.get("cuda_sources") and cfg.get("light_dir") else original(*args, **kw)
+            module = _build_with_light_headers(ce, original, args, kw, cfg, name, build_dir, record,
+                                               _cu_text(bound["cuda_sources"])) \
+                if bound and bound.get("cuda_sources") and cfg.get("light_headers") else original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
             raise
@@ -507,32 +509,36 @@ def _install_build_defaults(cfg: dict) -> dict:
     return record
 
 
-# In a candidate's .cu file <torch/extension.h> (and <torch/torch.h>) resolve to this header first.
-LIGHT_HEADER = """// Written by pacevolve's evaluator (evaluate_kernel.py, "light headers").
-// load_inline already starts every .cu file with <torch/types.h>: tensors, every ATen operator, TORCH_CHECK,
-// the dispatch macros. The rest of the real header (the C++ frontend's nn/optim/data/serialize and the
-// Python bindings) is seldom used in a .cu file but nearly doubles its compile time. A build that fails
-// with this header is built again with the real one, so no candidate is refused because of it.
-#pragma once
-#include <torch/types.h>
-"""
-FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again with the real torch/extension.h"
+FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again with the real torch headers"
 
 
-def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict):
-    """load_inline with LIGHT_HEADER first on the .cu include path; if that fails, the call as written.
+def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict,
+                              source: str):
+    """load_inline with light_headers.py's directory first on the .cu include path; if that fails, the call
+    as written.
 
-    The builder leaves a marker beside a library built this way, so a runner that must rebuild (rare: the
-    library is normally imported as built) does so with the same flags.
+    The directory is written into the build directory for this source. The builder leaves a marker naming
+    it, so a runner that must rebuild (rare: the library is normally imported as built) uses the same flags.
     """
     marker = os.path.join(build_dir, "pacevolve-light-headers")
     versions = getattr(getattr(ce, "JIT_EXTENSION_VERSIONER", None), "entries", None)
-    if not isinstance(versions, dict) or (cfg.get("prebuilt") and not os.path.exists(marker)):
+    if not isinstance(versions, dict):
         return original(*args, **kw)  # without resetting torch's versioner a second build would be renamed
-    light_kw = dict(kw, extra_cuda_cflags=[f"-I{cfg['light_dir']}"] + list(kw.get("extra_cuda_cflags") or []))
+    if cfg.get("prebuilt"):
+        light_dir = _read(marker)
+        if not light_dir:
+            return original(*args, **kw)
+    else:
+        try:
+            import light_headers
+        except ImportError:  # evaluate_kernel.py copied without its companion: torch's headers as they are
+            return original(*args, **kw)
+        light_dir = os.path.join(build_dir, "pacevolve-headers")
+        record["light"] = light_headers.write(light_dir, source, list(kw.get("extra_include_paths") or []))
+    light_kw = dict(kw, extra_cuda_cflags=[f"-I{light_dir}"] + list(kw.get("extra_cuda_cflags") or []))
     try:
         module = original(*args, **light_kw)
-    except Exception:  # noqa: BLE001 - whatever failed, the real header decides
+    except Exception:  # noqa: BLE001 - whatever failed, the real headers decide
         _remove(marker)
         versions.pop(name, None)  # same name, other flags: build it again under the same name
         record["headers"] = "full (the light-header build failed)"
@@ -540,9 +546,15 @@ def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir:
         return original(*args, **kw)
     if not cfg.get("prebuilt"):
         with open(marker, "w") as f:
-            f.write(cfg["light_dir"])
+            f.write(light_dir)
     record["headers"] = "light"
     return module
+
+
+def _cu_text(cuda_sources) -> str:
+    """The .cu file as load_inline writes it (its implicit includes first)."""
+    sources = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources)
+    return "\n".join(["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + sources)
 
 
 def _call_fingerprint(arguments: dict) -> str:
@@ -777,14 +789,14 @@ def _role_build(job: dict, send) -> None:
         ns = _exec_source(job["candidate_src"], "<candidate>")
         ok = "ModelNew" in ns
         send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"],
-              "headers": record.get("headers")})
+              "headers": record.get("headers"), "light": record.get("light")})
     except BaseException as e:  # noqa: BLE001 - any failure is reported, never raised
         if record["error"]:
             send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0,
-                  "headers": record.get("headers")})
+                  "headers": record.get("headers"), "light": record.get("light")})
         else:  # module-level code that needs the GPU fails here; the run reports it properly
             send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": True,
-                  "deferred_error": _short_traceback(e), "calls": record["calls"], "headers": record.get("headers")})
+                  "deferred_error": _short_traceback(e), "calls": record["calls"], "headers": record.get("headers"), "light": record.get("light")})
 
 
 def _prepare_runner(prep: dict, send, stdin: "_LineReader") -> dict:
@@ -1396,7 +1408,7 @@ class Options:
     max_jobs: int | None = None
     build_workers: int | None = None
     use_pch: bool = True
-    light_headers: bool = True  # .cu files try a light torch/extension.h first (LIGHT_HEADER), then the real one
+    light_headers: bool = True  # .cu files try light_headers.py's cut-down torch headers first, then the real ones
     fast_nvcc: bool = True  # nvcc's host and device front ends side by side (fast_nvcc.py)
     flush_bytes: int = 256 << 20
     poison_bytes: int = 1 << 30
@@ -1558,7 +1570,6 @@ class Evaluator:
         self.devices = [_Device(self, i) for i in gpus]
         cap = self.devices[0].info.get("capability")
         self._arch = arch_list_for(tuple(cap)) if cap else ""
-        self._light_dir = _write_light_headers(self.cache_dir) if self.opts.light_headers else ""
         fast_nvcc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_nvcc.py")
         self._fast_nvcc = fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else ""
 
@@ -1607,7 +1618,7 @@ class Evaluator:
     def _build_cfg(self) -> dict:
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
                 "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock"),
-                "light_dir": self._light_dir, "nvcc": self._fast_nvcc}
+                "light_headers": self.opts.light_headers, "nvcc": self._fast_nvcc}
 
     def _ext_extras(self, h: str) -> dict[str, str]:
         # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
@@ -1756,6 +1767,8 @@ class Evaluator:
             details["compile_s"] = round(msg.get("compile_s", time.monotonic() - t0), 3)
             if msg.get("headers"):
                 details["build_headers"] = msg["headers"]
+            if msg.get("light"):
+                details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
             if msg["kind"] == "compile_error":
                 # After a failed light-header build only the real header's errors count (they are what
                 # torch's own build of this source would say).
@@ -2069,20 +2082,6 @@ def _move(src: str, dst: str) -> None:
 def _cuda_count() -> int:
     import torch
     return torch.cuda.device_count()
-
-
-def _write_light_headers(cache_dir: str) -> str:
-    """A directory whose torch/extension.h and torch/torch.h are LIGHT_HEADER; returns its path."""
-    root = os.path.join(cache_dir, "light-headers")
-    os.makedirs(os.path.join(root, "torch"), exist_ok=True)
-    for name in ("extension.h", "torch.h"):
-        path = os.path.join(root, "torch", name)
-        if _read(path) != LIGHT_HEADER:
-            tmp = f"{path}.{secrets.token_hex(4)}"
-            with open(tmp, "w") as f:
-                f.write(LIGHT_HEADER)
-            os.replace(tmp, path)  # concurrent evaluators never see a half-written header
-    return root
 
 
 def _pch_writable() -> bool:

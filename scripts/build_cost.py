@@ -5,7 +5,7 @@
    both (the default); the figure is EvalResult.details["build_wall_s"], with ninja's own per-target
    times. Torch's precompiled header for main.cpp is built first, untimed (it is built once per machine).
 2. The candidate's cuda.cu alone, with torch's exact nvcc command from build.ninja (its dependency file
-   included): nvcc's own phases (`nvcc --time`) with the real torch/extension.h and with the light header,
+   included): nvcc's own phases (`nvcc --time`) with torch's headers and with light_headers.py's,
    then fast_nvcc.py's wall time on the same command.
 
     python3 scripts/build_cost.py [--no-phases]     # on a GPU machine (the evaluator times on it)
@@ -29,12 +29,13 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import bench_eval  # noqa: E402
 import evaluate_kernel  # noqa: E402
+import light_headers  # noqa: E402
 import tasks  # noqa: E402
 
-CONFIGS = [("torch's way: real header, plain nvcc", dict(light_headers=False, fast_nvcc=False)),
-           ("light header, plain nvcc", dict(light_headers=True, fast_nvcc=False)),
-           ("real header, fast_nvcc", dict(light_headers=False, fast_nvcc=True)),
-           ("light header + fast_nvcc (default)", dict(light_headers=True, fast_nvcc=True))]
+CONFIGS = [("torch's way: real headers, plain nvcc", dict(light_headers=False, fast_nvcc=False)),
+           ("light headers, plain nvcc", dict(light_headers=True, fast_nvcc=False)),
+           ("real headers, fast_nvcc", dict(light_headers=False, fast_nvcc=True)),
+           ("light headers + fast_nvcc (default)", dict(light_headers=True, fast_nvcc=True))]
 
 
 def whole_builds(src: str, work: str) -> list[tuple[str, str]]:
@@ -74,7 +75,7 @@ def phases(ninja_file: str, light_dir: str | None, nvcc: str) -> list[tuple[str,
     csv_path = os.path.join(out, "time.csv")
     t0 = time.perf_counter()
     subprocess.run([nvcc, *args, "-o", os.path.join(out, "a.o"), "--time", csv_path], check=True, capture_output=True)
-    which = "light header" if light_dir else "real header"
+    which = "light headers" if light_dir else "real headers"
     rows = [(f"cuda.cu, {which}: nvcc wall", f"{time.perf_counter() - t0:.1f} s")]
     with open(csv_path) as f:
         for row in csv.reader(f):
@@ -99,7 +100,9 @@ def main() -> int:
     if ninja and not args.no_phases:
         from torch.utils import cpp_extension as ce
         nvcc = os.path.join(ce.CUDA_HOME, "bin", "nvcc")
-        light = evaluate_kernel._write_light_headers(work)
+        light = os.path.join(work, "light-headers")
+        with open(os.path.join(os.path.dirname(ninja[0]), "cuda.cu")) as f:
+            print("light headers:", light_headers.write(light, f.read()), flush=True)
         for light_dir in (None, light):
             rows += phases(ninja[0], light_dir, nvcc)
             print("\n".join(f"{k}: {v}" for k, v in rows[-9:]), flush=True)

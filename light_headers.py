@@ -1,0 +1,153 @@
+"""Light headers: what a candidate's .cu file includes from torch, cut down to what it can use.
+
+load_inline starts every .cu file with ``#include <torch/types.h>``, and candidates add
+``<torch/extension.h>``. Parsing those headers is most of a build: nvcc parses them three times (the
+host front end cudafe++, the device front end cicc, then the host compiler on cudafe++'s output). This
+module writes a directory that goes first on the .cu file's include path and replaces three headers:
+
+* ``torch/extension.h`` and ``torch/torch.h`` include only ``torch/types.h``. The rest (the C++ frontend's
+  nn/optim/data/serialize and the pybind11 bindings) belongs in main.cpp, not in a kernel file.
+* ``torch/types.h`` is torch's own, less its autograd and operator-library includes (``lean_types``), so
+  ``torch::empty`` and the other factories become the ``at::`` ones they wrap. They differ only in
+  ``requires_grad`` and in ``torch::tensor``'s dtype, so a source naming either keeps torch's file
+  (``keeps_autograd``).
+* ``ATen/Functions.h`` and ``ATen/NativeFunctions.h`` keep the include of every operator the translation
+  unit names and drop the others (of about 1,340). ``names_of`` reads the candidate's own text (every
+  identifier) and the torch headers it reaches (every name written after ``at::`` or ``torch::``), and
+  adds the operators those operators' headers name.
+
+A name's header declares all of that name's overloads. A call therefore resolves as it would with
+torch's headers, or fails to compile. It cannot silently pick another function. The evaluator builds
+with the real headers when a light build fails. On an H200 machine this halves the compile of a
+candidate's .cu file; BENCHMARKS.md has the figures. Standard library only.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+LIGHT_EXTENSION_H = """// Written by pacevolve (light_headers.py): a kernel file needs tensors, ATen and the dispatch macros,
+// not the C++ frontend or the Python bindings, which only main.cpp uses.
+#pragma once
+#include <torch/types.h>
+"""
+
+INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.M)
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+QUALIFIED = re.compile(r"\b(?:at|torch)((?:\s*::\s*\w+)+)")  # at::x, torch::y::z, at :: w
+OPERATOR_INCLUDE = r"#include <ATen/ops/(\w+){suffix}\.h>\n"
+ALL_OPERATORS = {"ATen/Functions.h": "", "ATen/NativeFunctions.h": "_native"}  # header -> per-op suffix
+# What makes torch::x differ from at::x: autograd and torch::tensor's own dtype rule. The others are
+# here because a source naming them would only fail with the lean header and pay for a second build.
+NEEDS_TORCH_TYPES = re.compile(r"requires_grad|autograd|\btensor\s*\(|TORCH_LIBRARY|\bLibrary\b")
+
+
+def torch_include_dirs() -> list[str]:
+    """Where torch's headers are, in the order torch's own builds search them."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    root = os.path.join(os.path.dirname(spec.origin), "include") if spec and spec.origin else ""
+    return [root, os.path.join(root, "torch", "csrc", "api", "include")] if root else []
+
+
+def keeps_autograd(source: str) -> bool:
+    return bool(NEEDS_TORCH_TYPES.search(source))
+
+
+def lean_types(types_h: str) -> str:
+    """torch/types.h without autograd (variable.h, the variable factories) and the operator library."""
+    return re.sub(r"^[ \t]*#[ \t]*include[ \t]*<torch/(?:csrc/autograd/[\w/]+|library)\.h>[^\n]*\n", "",
+                  types_h, flags=re.M)
+
+
+def only_operators(all_operators_h: str, names: set[str], suffix: str = "") -> str:
+    """ATen/Functions.h (or NativeFunctions.h, suffix "_native") including only the given operators."""
+    kept = re.sub(OPERATOR_INCLUDE.format(suffix=suffix),
+                  lambda m: m.group(0) if m.group(1) in names else "", all_operators_h)
+    return f"// Written by pacevolve (light_headers.py): {len(names)} operators named by the source.\n" + kept
+
+
+def qualified_names(text: str) -> set[str]:
+    """Every name in an at::/torch:: chain, except at::_ops::<op> (declared where it is used)."""
+    names: set[str] = set()
+    for chain in QUALIFIED.findall(text):
+        parts = IDENTIFIER.findall(chain)
+        if parts[0] != "_ops":
+            names.update(parts)
+    return names
+
+
+def names_of(source: str, search_dirs: list[str], replaced: dict[str, str], operators: set[str],
+             torch_dirs: list[str]) -> set[str]:
+    """The operators a translation unit can name: source + the headers it reaches, to a fixed point.
+
+    `replaced` maps an include name to the text this module writes for it; the two all-operator headers
+    count only for their own non-include text. Files outside `torch_dirs` are the candidate's: every
+    identifier in them counts. An include that does not resolve (system, CUDA) names no operator.
+    """
+    found = IDENTIFIER.findall(source)
+    chosen = set(found) & operators
+    pending = INCLUDE.findall(source) + [f"ATen/ops/{n}.h" for n in chosen]
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text, own = _text_of(name, search_dirs, replaced, torch_dirs)
+        if text is None:
+            continue
+        if name in ALL_OPERATORS:
+            text = re.sub(OPERATOR_INCLUDE.format(suffix=ALL_OPERATORS[name]), "", text)
+        new = ((set(IDENTIFIER.findall(text)) if own else qualified_names(text)) & operators) - chosen
+        chosen |= new
+        pending += INCLUDE.findall(text) + [f"ATen/ops/{n}.h" for n in new]
+    return chosen
+
+
+def _text_of(name: str, search_dirs: list[str], replaced: dict[str, str],
+             torch_dirs: list[str]) -> tuple[str | None, bool]:
+    """(text, written by the candidate) of an include as the compiler would find it."""
+    if name in replaced:
+        return replaced[name], False
+    for d in search_dirs:
+        path = os.path.join(d, name)
+        if os.path.isfile(path):
+            with open(path, errors="replace") as f:
+                text = f.read()
+            return text, not any(os.path.abspath(path).startswith(os.path.abspath(t) + os.sep) for t in torch_dirs)
+    return None, False
+
+
+def write(out_dir: str, source: str, extra_include_dirs: list[str] | None = None,
+          torch_dirs: list[str] | None = None) -> dict:
+    """Write the light headers for one .cu source into out_dir; returns what was written.
+
+    `source` is the whole file as load_inline writes it. The include path to use is out_dir first.
+    """
+    torch_dirs = torch_dirs if torch_dirs is not None else torch_include_dirs()
+    real = lambda name: _text_of(name, torch_dirs, {}, torch_dirs)[0]  # noqa: E731
+    replaced = {"torch/extension.h": LIGHT_EXTENSION_H, "torch/torch.h": LIGHT_EXTENSION_H}
+    types_h = real("torch/types.h")
+    lean = types_h is not None and not keeps_autograd(source)
+    if lean:
+        replaced["torch/types.h"] = lean_types(types_h)
+    everything = {h: real(h) for h in ALL_OPERATORS}
+    operators = set(re.findall(OPERATOR_INCLUDE.format(suffix=""), everything["ATen/Functions.h"] or ""))
+    if operators:
+        search = list(extra_include_dirs or []) + torch_dirs
+        names = names_of(source, search, {**replaced, **everything}, operators, torch_dirs)
+        for header, suffix in ALL_OPERATORS.items():
+            if everything[header] is not None:
+                replaced[header] = only_operators(everything[header], names, suffix)
+    for name, text in replaced.items():
+        _write_text(os.path.join(out_dir, name), text)
+    return {"lean_types": lean, "operators": len(names) if operators else None, "of": len(operators)}
+
+
+def _write_text(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)  # a concurrent reader never sees half a header

@@ -1,0 +1,227 @@
+"""Tests for light_headers.py: which operators a source keeps, the lean torch/types.h, and real compiles.
+
+The synthetic tests build a tiny fake torch include tree, so each rule is checked on its own; the compile
+tests use the installed torch and the host C++ compiler (a .cu file's host code is C++ to it).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import light_headers as lh
+
+
+def fake_torch(root: Path) -> list[str]:
+    """Functions.h over ops a..e; ops/a.h uses at::b; ATen/Thing.h (torch's) names c and d unqualified/qualified."""
+    inc = root / "include"
+    ops = ["a", "b", "c", "d", "e"]
+    files = {
+        "ATen/Functions.h": "#pragma once\n" + "".join(f"#include <ATen/ops/{o}.h>\n" for o in ops)
+                            + "namespace at { inline int helper() { return at::e(); } }\n",
+        "ATen/NativeFunctions.h": "".join(f"#include <ATen/ops/{o}_native.h>\n" for o in ops),
+        "ATen/Thing.h": "#include <ATen/Functions.h>\nnamespace at { void f() { c(); at::d(); } }\n",
+        "torch/csrc/api/include/torch/types.h": "#include <ATen/Thing.h>\n#include <torch/csrc/autograd/variable.h>\n"
+                                                "#include <torch/library.h>\nnamespace torch { using namespace at; }\n",
+        "ATen/ops/a.h": "namespace at { inline int a() { return at::b(); } }\n",
+    }
+    for o in ops:
+        files.setdefault(f"ATen/ops/{o}.h", f"namespace at {{ int {o}(); }}\n")
+    for name, text in files.items():
+        (inc / name).parent.mkdir(parents=True, exist_ok=True)
+        (inc / name).write_text(text)
+    return [str(inc), str(inc / "torch" / "csrc" / "api" / "include")]
+
+
+def kept(out: Path, header: str = "ATen/Functions.h", suffix: str = "") -> set[str]:
+    import re
+    return set(re.findall(r"#include <ATen/ops/(\w+)%s\.h>" % suffix, (out / header).read_text()))
+
+
+def test_keeps_the_operators_the_source_and_their_headers_name(tmp_path):
+    dirs = fake_torch(tmp_path)
+    info = lh.write(str(tmp_path / "out"), "#include <torch/types.h>\nint g() { return a(); }\n", torch_dirs=dirs)
+    # a: named by the source; b: by a's header; d: qualified in a torch header; e: by Functions.h's own code.
+    # c is called unqualified inside torch's header and is not kept: torch's headers are read by qualified
+    # names only (a miss would fail to compile, and the real headers would then be used).
+    assert kept(tmp_path / "out") == {"a", "b", "d", "e"}
+    assert kept(tmp_path / "out", "ATen/NativeFunctions.h", "_native") == {"a", "b", "d", "e"}
+    assert info == {"lean_types": True, "operators": 4, "of": 5}
+
+
+def test_the_candidate_s_own_headers_count_every_name(tmp_path):
+    dirs = fake_torch(tmp_path)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "mine.h").write_text("int h() { return c(); }\n")
+    lh.write(str(tmp_path / "out"), '#include <mine.h>\n', [str(own)], torch_dirs=dirs)
+    assert "c" in kept(tmp_path / "out")
+
+
+def test_lean_types_drops_autograd_and_the_library_only(tmp_path):
+    dirs = fake_torch(tmp_path)
+    lh.write(str(tmp_path / "out"), "int x;\n", torch_dirs=dirs)
+    types_h = (tmp_path / "out" / "torch" / "types.h").read_text()
+    assert "autograd" not in types_h and "library" not in types_h
+    assert "#include <ATen/Thing.h>" in types_h and "using namespace at;" in types_h
+    for name in ("extension.h", "torch.h"):
+        assert (tmp_path / "out" / "torch" / name).read_text() == lh.LIGHT_EXTENSION_H
+
+
+@pytest.mark.parametrize("source, keeps", [
+    ("auto w = torch::zeros({3}, opts.requires_grad(true));", True),
+    ("auto t = torch::tensor({1.0, 2.0});", True),  # torch::tensor's dtype is the default dtype, at::'s is double
+    ("auto t = tensor ({1, 2});", True),
+    ("torch::autograd::Variable v;", True),
+    ("TORCH_LIBRARY(my_ops, m) {}", True),
+    ("auto y = torch::empty_like(x); int n = tensor_count(y); const at::Tensor& tensor = y;", False),
+])
+def test_sources_that_need_torch_s_own_factories_keep_them(tmp_path, source, keeps):
+    assert lh.keeps_autograd(source) is keeps
+    dirs = fake_torch(tmp_path)
+    info = lh.write(str(tmp_path / "out"), source, torch_dirs=dirs)
+    assert info["lean_types"] is (not keeps)
+    assert (tmp_path / "out" / "torch" / "types.h").exists() is (not keeps)
+
+
+IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+
+
+@given(st.sampled_from(["at", "torch"]), st.lists(IDENT, min_size=1, max_size=4), st.sampled_from(["::", " :: "]))
+def test_qualified_names_are_every_part_of_the_chain_except_ops_calls(root, parts, sep):
+    text = f"x = {root}{sep}{sep.join(parts)}(y);"
+    assert lh.qualified_names(text) == (set() if parts[0] == "_ops" else set(parts))
+    assert lh.qualified_names(f"cat::{parts[0]}(y); what::{parts[0]}") == set()
+
+
+def test_only_operators_keeps_exactly_the_named_includes():
+    text = "#pragma once\n#include <ATen/ops/a.h>\n#include <ATen/ops/b.h>\n#include <ATen/Context.h>\nint z;\n"
+    out = lh.only_operators(text, {"b"})
+    assert "<ATen/ops/b.h>" in out and "<ATen/ops/a.h>" not in out and "<ATen/Context.h>" in out
+    assert out.endswith("int z;\n")
+
+
+# ------------------------------------------------------------------------------ with the installed torch
+def compile_flags() -> list[str]:
+    from torch.utils import cpp_extension
+    if not shutil.which("c++"):
+        pytest.skip("needs a C++ compiler")
+    return ["-std=c++17"] + [f"-isystem{p}" for p in cpp_extension.include_paths()] + \
+        [f"-isystem{sysconfig.get_paths()['include']}"]
+
+
+HOST_CODE = r"""#include <torch/types.h>
+#include <torch/extension.h>
+#include <iostream>
+torch::Tensor work(torch::Tensor x, torch::Tensor w) {
+    TORCH_CHECK(x.dim() == 2, "x must be 2-D");
+    auto out = torch::empty({x.size(0), w.size(1)}, x.options());
+    auto y = empty_like(x);                                   // found by ADL, as with torch's headers
+    auto z = at::softmax(x * 2 + 1, /*dim=*/1).index({at::indexing::Slice(0, 1)});
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "work", [&] { (void)x.data_ptr<scalar_t>(); });
+    std::cout << torch::kFloat32 << z.sizes() << std::endl;
+    return at::matmul(y, w).add_(out);
+}
+"""
+
+
+def test_light_headers_compile_a_kernel_file_s_host_code_without_the_heavy_parts(tmp_path):
+    flags = compile_flags()
+    info = lh.write(str(tmp_path / "light"), HOST_CODE)
+    assert info["lean_types"] and info["operators"] < info["of"] / 10
+    (tmp_path / "k.cpp").write_text(HOST_CODE)
+    light = ["-I", str(tmp_path / "light")]
+    deps = subprocess.run(["c++", *light, *flags, "-M", "k.cpp"], cwd=tmp_path, capture_output=True, text=True,
+                          check=True).stdout
+    for heavy in ("torch/all.h", "pybind11", "autograd/variable.h", "torch/library.h", "ATen/ops/conv2d.h"):
+        assert heavy not in deps
+    for needed in ("ATen/ops/softmax.h", "ATen/ops/empty_like.h", "ATen/ops/matmul.h", "ATen/ops/empty.h"):
+        assert needed in deps
+    r = subprocess.run(["c++", *light, *flags, "-fsyntax-only", "k.cpp"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_an_operator_the_scan_cannot_see_fails_to_compile_instead_of_changing_meaning(tmp_path):
+    # Token pasting hides `relu` from the scan: the light build must fail (the real headers then decide).
+    source = "#include <torch/types.h>\n#define CALL(op) at::op##u(x)\n" \
+             "torch::Tensor f(torch::Tensor x) { return CALL(rel); }\n"
+    flags = compile_flags()
+    lh.write(str(tmp_path / "light"), source)
+    (tmp_path / "k.cpp").write_text(source)
+    for extra, ok in (([], True), (["-I", str(tmp_path / "light")], False)):
+        r = subprocess.run(["c++", *extra, *flags, "-fsyntax-only", "k.cpp"], cwd=tmp_path, capture_output=True,
+                           text=True)
+        assert (r.returncode == 0) is ok, r.stderr[-2000:]
+        if not ok:
+            assert "relu" in r.stderr
+
+
+# ------------------------------------------------------------------------------ the CUDA candidates in tests/
+class _Captured(Exception):
+    pass
+
+
+def cuda_sources_in_tests() -> dict[str, str]:
+    """Every .cu file the test candidates hand to load_inline, captured without building anything."""
+    import torch.utils.cpp_extension as ce
+    import evaluate_kernel as ek
+    found: dict[str, str] = {}
+    original = ce.load_inline
+
+    def capture(*args, **kw):
+        raise _Captured(kw.get("cuda_sources"))
+
+    root = Path(__file__).parent
+    ce.load_inline = capture
+    try:
+        for path in sorted([*root.glob("kernels/*.py"), *root.glob("honest/*.py"), *root.glob("cheats/*.py")]):
+            text = path.read_text()
+            if "cuda_sources" not in text:
+                continue
+            try:
+                ek._exec_source(text, f"<{path.stem}>")
+            except _Captured as c:
+                if c.args[0]:
+                    found[f"{path.parent.name}/{path.name}"] = ek._cu_text(c.args[0])
+    finally:
+        ce.load_inline = original
+    return found
+
+
+@pytest.mark.gpu
+def test_gpu_every_cuda_candidate_in_tests_parses_with_light_headers_as_with_torch_s(tmp_path):
+    """nvcc's host front end (preprocess + cudafe++) on each .cu file: light headers change no verdict."""
+    from torch.utils import cpp_extension as ce
+    nvcc = os.path.join(ce.CUDA_HOME or "", "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        pytest.skip("needs nvcc")
+    sources = cuda_sources_in_tests()
+    assert len(sources) >= 8
+    flags = ["-std=c++17", "--cuda"] + [f"-I{p}" for p in ce.include_paths("cuda")] + \
+        [f"-I{sysconfig.get_paths()['include']}"]
+
+    def front_end(name: str, text: str, light: bool) -> subprocess.CompletedProcess:
+        work = tmp_path / name.replace("/", "_")
+        work.mkdir(exist_ok=True)
+        (work / "cuda.cu").write_text(text)
+        extra = []
+        if light:
+            lh.write(str(work / "light"), text)
+            extra = [f"-I{work / 'light'}"]
+        return subprocess.run([nvcc, *extra, *flags, "cuda.cu", "-o", "/dev/null"], cwd=work, capture_output=True,
+                              text=True)
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(8) as pool:
+        runs = {(n, light): pool.submit(front_end, n, t, light) for n, t in sources.items() for light in (False, True)}
+    for name in sources:
+        real, light = runs[(name, False)].result(), runs[(name, True)].result()
+        assert real.returncode == 0, (name, real.stderr[-2000:])
+        assert light.returncode == 0, (name, light.stderr[-2000:])
