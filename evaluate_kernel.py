@@ -789,14 +789,18 @@ def _role_build(job: dict, send) -> None:
         ns = _exec_source(job["candidate_src"], "<candidate>")
         ok = "ModelNew" in ns
         send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"],
-              "headers": record.get("headers"), "light": record.get("light")})
+              **_headers_used(record)})
     except BaseException as e:  # noqa: BLE001 - any failure is reported, never raised
         if record["error"]:
             send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0,
-                  "headers": record.get("headers"), "light": record.get("light")})
+                  **_headers_used(record)})
         else:  # module-level code that needs the GPU fails here; the run reports it properly
             send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": True,
-                  "deferred_error": _short_traceback(e), "calls": record["calls"], "headers": record.get("headers"), "light": record.get("light")})
+                  "deferred_error": _short_traceback(e), "calls": record["calls"], **_headers_used(record)})
+
+
+def _headers_used(record: dict) -> dict:
+    return {"headers": record.get("headers"), "light": record.get("light")}
 
 
 def _prepare_runner(prep: dict, send, stdin: "_LineReader") -> dict:

@@ -63,7 +63,7 @@ def split(result, cache_dir: str | None = None) -> str:
     parts = []
     if isinstance(d.get("build_wall_s"), (int, float)):
         steps = f"; ninja: {ninja_steps(os.path.join(cache_dir, 'ext', d['source_hash']))}" if cache_dir else ""
-        parts.append(f"build {d['build_wall_s']:.1f} s ({d.get('build_headers', 'real')} header; in the builder "
+        parts.append(f"build {d['build_wall_s']:.1f} s ({d.get('build_headers', 'real')} headers; in the builder "
                      f"{d.get('compile_s', 0):.1f} s{steps})")
     elif d.get("build_cached"):
         parts.append("build cached")

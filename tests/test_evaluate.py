@@ -522,6 +522,8 @@ def test_gpu_fused_kernel_ok_and_timed(gpu_results):
     r = gpu_results["ok"]
     assert r.status == "ok", r.message
     assert r.details["build_headers"] == "light", r.details.get("build_headers")
+    light = r.details["light_headers"]
+    assert light["lean_types"] and 0 < light["operators"] < light["of"] / 10, light
     t = r.details["timing"]
     assert t["spread"] < 0.5 and t["host_ms_per_call"] is not None
     assert abs(t["device_tail_ms"]) < 0.05  # honest work is all on the call's stream

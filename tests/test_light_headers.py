@@ -83,7 +83,7 @@ def test_lean_types_drops_autograd_and_the_library_only(tmp_path):
     ("auto y = torch::empty_like(x); int n = tensor_count(y); const at::Tensor& tensor = y;", False),
 ])
 def test_sources_that_need_torch_s_own_factories_keep_them(tmp_path, source, keeps):
-    assert lh.keeps_autograd(source) is keeps
+    assert lh.needs_torch_types(source) is keeps
     dirs = fake_torch(tmp_path)
     info = lh.write(str(tmp_path / "out"), source, torch_dirs=dirs)
     assert info["lean_types"] is (not keeps)
