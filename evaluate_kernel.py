@@ -1429,9 +1429,7 @@ class _Device:
         self.pending = 0
         self.baseline: dict | None = None
         self.ev = ev
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        ids = [v for v in visible.split(",") if v.strip()] if visible else []
-        self.physical = ids[index] if index < len(ids) else str(index)
+        self.physical = physical_gpu(index)
         self.ref: _Worker | None = None
         self.ref_lock = threading.Lock()
         self.info = self._start_ref()
@@ -1535,8 +1533,19 @@ class _Device:
 
     @property
     def gpu_lock_path(self) -> str:
-        # An fcntl lock per physical GPU, so two evaluator processes on one machine also take turns.
-        return os.path.join(tempfile.gettempdir(), f"pacevolve-{self.ev.device}{self.physical}.lock")
+        return gpu_lock_path(self.ev.device, self.physical)
+
+
+def physical_gpu(index: int) -> str:
+    """The GPU that torch calls cuda:index, as CUDA_VISIBLE_DEVICES names it (its index when unset)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [v for v in visible.split(",") if v.strip()] if visible else []
+    return ids[index] if index < len(ids) else str(index)
+
+
+def gpu_lock_path(device: str, physical: str) -> str:
+    """An fcntl lock per physical GPU, so two evaluator processes on one machine also take turns."""
+    return os.path.join(tempfile.gettempdir(), f"pacevolve-{device}{physical}.lock")
 
 
 class Evaluator:
