@@ -637,7 +637,8 @@ def test_gpu_hold_keeps_other_streams_off_the_gpu(lead):
     print(f"HOLD {lead}: lead ends {lead_ms:.3f} ms, side kernel ends {side_ms:.3f} ms")
     assert lead_ms > 2.9
     if lead == "hold":
-        assert side_ms > lead_ms + 0.4, (lead_ms, side_ms)  # it waited for the hold, then ran
+        # It ran after the hold, not beside it (beside it, it would end ~2 ms before the hold does).
+        assert side_ms > lead_ms, (lead_ms, side_ms)
     else:
         assert side_ms < lead_ms, (lead_ms, side_ms)
 
