@@ -617,7 +617,12 @@ def test_gpu_work_started_on_another_stream_during_the_lead_is_counted(gpu_ev, m
     honest = gpu_ev.evaluate(variant(HONEST_BODY))
     cheat = gpu_ev.evaluate(variant(HEAD_START_BODY))
     assert honest.status == "ok" and honest.details["timing"]["lead_ms"] == 0.5, honest.message
-    assert cheat.status == "ok" and cheat.runtime_ms > 0.8 * honest.runtime_ms, (cheat.runtime_ms, honest.runtime_ms)
+    assert cheat.status == "ok", cheat.message
+    # The GPU medians (with the lead): this small call's runtime may be the host's time to queue it, which
+    # the builds of other tests make noisy, and which says nothing about a head start on the GPU.
+    gpu_ms = {k: r.details["timing"]["median_ms"] for k, r in (("honest", honest), ("cheat", cheat))}
+    print("HEAD START gpu medians", gpu_ms, "runtimes", cheat.runtime_ms, honest.runtime_ms)
+    assert gpu_ms["cheat"] > 0.8 * gpu_ms["honest"], (gpu_ms, cheat.runtime_ms, honest.runtime_ms)
 
 
 @pytest.mark.gpu
