@@ -82,12 +82,11 @@ def names_of(source: str, search_dirs: list[str], replaced: dict[str, str], oper
              torch_dirs: list[str]) -> set[str]:
     """The operators a translation unit can name: source + the headers it reaches, to a fixed point.
 
-    `replaced` maps an include name to the text this module writes for it; the two all-operator headers
-    count only for their own non-include text. Files outside `torch_dirs` are the candidate's: every
-    identifier in them counts. An include that does not resolve (system, CUDA) names no operator.
+    `replaced` maps an include name to the text the compiler will read instead of torch's. Files outside
+    `torch_dirs` are the candidate's: every identifier in them counts. An include that does not resolve
+    (system, CUDA) names no operator.
     """
-    found = IDENTIFIER.findall(source)
-    chosen = set(found) & operators
+    chosen = set(IDENTIFIER.findall(source)) & operators
     pending = INCLUDE.findall(source) + [f"ATen/ops/{n}.h" for n in chosen]
     seen: set[str] = set()
     while pending:
@@ -98,8 +97,6 @@ def names_of(source: str, search_dirs: list[str], replaced: dict[str, str], oper
         text, own = _text_of(name, search_dirs, replaced, torch_dirs)
         if text is None:
             continue
-        if name in ALL_OPERATORS:
-            text = re.sub(OPERATOR_INCLUDE.format(suffix=ALL_OPERATORS[name]), "", text)
         new = ((set(IDENTIFIER.findall(text)) if own else qualified_names(text)) & operators) - chosen
         chosen |= new
         pending += INCLUDE.findall(text) + [f"ATen/ops/{n}.h" for n in new]
@@ -141,7 +138,10 @@ def write(out_dir: str, source: str, extra_include_dirs: list[str] | None = None
     names: set[str] = set()
     if operators:  # else this torch has no per-operator headers: its Functions.h stays as it is
         search = list(extra_include_dirs or []) + torch_dirs
-        names = names_of(source, search, {**replaced, **everything}, operators, torch_dirs)
+        # The all-operator headers count for their own code only: their operator includes are being chosen.
+        bodies = {h: only_operators(text, set(), suffix) for h, suffix in ALL_OPERATORS.items()
+                  if (text := everything[h]) is not None}
+        names = names_of(source, search, {**replaced, **bodies}, operators, torch_dirs)
         for header, suffix in ALL_OPERATORS.items():
             if everything[header] is not None:
                 replaced[header] = only_operators(everything[header], names, suffix)

@@ -638,7 +638,19 @@ def test_gpu_hold_keeps_other_streams_off_the_gpu(lead):
     # The GPU as the evaluator times on it: no other process's work (time-sliced in, it would preempt
     # the hold and let the side kernel in); gpu_suite.sh runs other GPU test files beside this one.
     with ek._FileLock(ek.gpu_lock_path("cuda", ek.physical_gpu(0))):
-        lead_ms, side_ms = _hold_then_side_kernel(lead, hold, side, cycles_per_ms, t0, held, side_done)
+        torch.cuda.synchronize()
+        t0.record()
+        if lead == "hold":
+            hold(3.0)
+        else:
+            torch.cuda._sleep(int(3.0 * cycles_per_ms))
+        held.record()
+        time.sleep(0.0005)  # the lead is resident on the GPU before the side kernel arrives
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(0.5 * cycles_per_ms))
+            side_done.record()
+        torch.cuda.synchronize()
+    lead_ms, side_ms = t0.elapsed_time(held), t0.elapsed_time(side_done)
     print(f"HOLD {lead}: lead ends {lead_ms:.3f} ms, side kernel ends {side_ms:.3f} ms")
     assert lead_ms > 2.9
     if lead == "hold":
@@ -646,23 +658,6 @@ def test_gpu_hold_keeps_other_streams_off_the_gpu(lead):
         assert side_ms > lead_ms, (lead_ms, side_ms)
     else:
         assert side_ms < lead_ms, (lead_ms, side_ms)
-
-
-def _hold_then_side_kernel(lead, hold, side, cycles_per_ms, t0, held, side_done) -> tuple[float, float]:
-    import torch
-    torch.cuda.synchronize()
-    t0.record()
-    if lead == "hold":
-        hold(3.0)
-    else:
-        torch.cuda._sleep(int(3.0 * cycles_per_ms))
-    held.record()
-    time.sleep(0.0005)  # the lead is resident on the GPU before the side kernel arrives
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(int(0.5 * cycles_per_ms))
-        side_done.record()
-    torch.cuda.synchronize()
-    return t0.elapsed_time(held), t0.elapsed_time(side_done)
 
 
 @pytest.mark.gpu
