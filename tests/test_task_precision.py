@@ -130,8 +130,8 @@ def test_half_precision_bounds_accept_honest_kernels_and_reject_wrong_ones(dtype
         assert not compare_outputs([torch.full_like(ref, ref.float().mean().item())], [ref], **bounds)["ok"]
 
 
-def test_fp16_bound_rejects_bf16_arithmetic_on_plain_inputs():
-    """bf16 inside an fp16 problem: 1.9e-3 relative L2 on unscaled inputs, just under 2e-3, but 8.8e-3 on
+def test_fp16_bound_rejects_bf16_arithmetic_on_scaled_inputs():
+    """bf16 inside an fp16 problem: 1.9e-3 relative L2 on unscaled inputs (just under the 2e-3 bound) but 8.8e-3 on
     the evaluator's x3 inputs, so every evaluation that includes them rejects it."""
     ns, model = _golden(torch.float16)
     torch.manual_seed(1)
