@@ -215,8 +215,8 @@ def _alexnet_text(batch) -> str:
 
 def _layernorm_text(batch, features, dim1, dim2) -> str:
     return (f"LayerNorm over the last three dims ({features}, {dim1}, {dim2}) of x of shape ({batch}, "
-            f"{features}, {dim1}, {dim2}) fp32: each of the {batch} samples ({_count(features * dim1 * dim2)} "
-            f"values) is normalised with its mean and biased variance, eps 1e-5, then multiplied by a "
+            f"{features}, {dim1}, {dim2}) fp32: each of the {batch} samples "
+            f"({_count(features * dim1 * dim2)} values) is normalised with its mean and biased variance, eps 1e-5, then multiplied by a "
             f"({features},{dim1},{dim2}) weight and a bias added. Output same shape. Only {batch} rows, so a "
             f"row-per-block reduction leaves the GPU idle: split each row.")
 
@@ -306,6 +306,7 @@ _FLOPS = {
     "rnn": lambda batch, input_size, hidden_size, output_size, hidden_as_input: (
         _linear_flops(batch, input_size + hidden_size, hidden_size)
         + _linear_flops(batch, hidden_size, output_size)),
-    "bmm_instancenorm": lambda batch, in_features, out_features: _linear_flops(batch, in_features, out_features),
+    "bmm_instancenorm": lambda batch, in_features, out_features: _linear_flops(
+        batch, in_features, out_features),
     "alexnet": lambda batch: _alexnet_flops(batch),
 }

@@ -97,7 +97,8 @@ def test_unbuildable_problem_is_taken_as_fp32_and_says_so(tmp_path):
 
 def _golden(dtype: torch.dtype):
     ns: dict = {}
-    exec(open(FP16_PROBLEM).read().replace("float16", str(dtype).split(".")[1]).replace(".half()", f".to({dtype})"), ns)
+    src = open(FP16_PROBLEM).read().replace("float16", str(dtype).split(".")[1])
+    exec(src.replace(".half()", f".to({dtype})"), ns)
     torch.manual_seed(42)
     return ns, ns["Model"](*ns["get_init_inputs"]())
 
@@ -131,8 +132,8 @@ def test_half_precision_bounds_accept_honest_kernels_and_reject_wrong_ones(dtype
 
 
 def test_fp16_bound_rejects_bf16_arithmetic_on_scaled_inputs():
-    """bf16 inside an fp16 problem: 1.9e-3 relative L2 on unscaled inputs (just under the 2e-3 bound) but 8.8e-3 on
-    the evaluator's x3 inputs, so every evaluation that includes them rejects it."""
+    """bf16 inside an fp16 problem: 1.9e-3 relative L2 on unscaled inputs (just under the 2e-3 bound) but
+    8.8e-3 on the evaluator's x3 inputs, so every evaluation that includes them rejects it."""
     ns, model = _golden(torch.float16)
     torch.manual_seed(1)
     (x,) = ns["get_inputs"]()
