@@ -1,7 +1,9 @@
-"""Tests for tasks.py: the registry, the reference sources and load() (CPU, a few seconds).
+"""Tests for tasks.py: the registry, the reference sources and load() (CPU; each load() starts a Python
+process that reads the problem's dtypes, a few seconds each).
 
 Big tasks are instantiated and run on the `meta` device (shapes only, no memory), so no test allocates
-the multi-GB tensors the current KernelBench sizes imply.
+the multi-GB tensors the current KernelBench sizes imply. The sizes of the 16 Table-5 tasks, current
+and v0, are checked in test_task_sizes.py; tolerances by precision in test_task_precision.py.
 """
 from __future__ import annotations
 
@@ -59,10 +61,11 @@ def _top_level_names(src: str) -> set[str]:
 
 # ------------------------------------------------------------------------------------------ registry
 
-def test_names_lists_the_headline_task_the_small_one_and_table5():
+def test_names_lists_the_headline_task_the_small_one_and_table5_at_both_sizes():
     assert tasks.names()[:2] == ["conv_groupnorm", "conv_groupnorm_small"]
-    assert set(tasks.names()) == {"conv_groupnorm", "conv_groupnorm_small", *PAPER_TABLE5}
-    assert len(tasks.names()) == 18
+    assert tasks.names()[2:18] == list(PAPER_TABLE5)
+    assert tasks.names()[18:] == [n + "@v0" for n in PAPER_TABLE5]
+    assert len(tasks.names()) == 34
 
 
 @pytest.mark.parametrize("name", list(PAPER_TABLE5))
@@ -84,18 +87,24 @@ def test_every_task_is_well_formed(name):
     assert task.name == name
     assert {"Model", "get_inputs", "get_init_inputs"} <= _top_level_names(task.reference_src)
     tasks.check_reference_source(task.reference_src)
-    assert "torch.rand(" in task.reference_src and "randn(batch" not in task.reference_src
+    get_inputs = task.reference_src[task.reference_src.index("def get_inputs"):]
+    if name.endswith("@v0"):  # KernelBench v0 drew standard-normal inputs, today uniform [0, 1)
+        assert "torch.randn(" in get_inputs and "torch.rand(" not in get_inputs
+    else:
+        assert "torch.rand(" in get_inputs and "torch.randn(" not in get_inputs
     assert ".cuda()" not in task.reference_src  # KernelBench builds inputs on the CPU
     assert 80 < len(task.description) < 600
     assert task.device == ("cpu" if name == "conv_groupnorm_small" else "cuda")
     assert 0 < task.rtol <= 1e-3 and 0 < task.atol <= 1e-3 and 0 < task.l2_tol <= 1e-4
+    assert task.dtype == "fp32"
     assert task.flops >= 0
 
 
 def test_tolerances_are_fp32_defaults_except_the_documented_overrides():
     loosened = {n for n in tasks.names()
                 if (tasks.get(n).rtol, tasks.get(n).atol, tasks.get(n).l2_tol) != (1e-4, 1e-4, 1e-5)}
-    assert loosened == {"matmul", "mlp", "rnn", "vgg16", "alexnet"}
+    deep = {"matmul", "mlp", "rnn", "vgg16", "alexnet"}
+    assert loosened == deep | {n + "@v0" for n in deep}
     # Still tight enough to fail TF32 (~3e-4 relative on zero-mean inputs) and the measured cheats.
     assert all(tasks.get(n).l2_tol <= 5e-5 for n in loosened)
 
@@ -105,11 +114,13 @@ def test_flops_of_conv_groupnorm_is_the_conv():
     assert tasks.get("conv_groupnorm").flops == pytest.approx(2 * 128 * 64 * 126 * 126 * 8 * 9)
     assert tasks.get("matmul").flops == pytest.approx(2 * 256 * 256 * 524288)
     assert tasks.get("gelu").flops == 0
+    assert tasks.get("matmul@v0").flops == pytest.approx(2 * 256 * 256 * 131072)
+    assert tasks.get("alexnet@v0").flops == pytest.approx(tasks.get("alexnet").flops * 10 / 1024)
 
 
 # ------------------------------------------------------------------------------------------ sources
 
-@pytest.mark.parametrize("name", tasks.names())
+@pytest.mark.parametrize("name", list(EXPECTED_OUTPUT_SHAPES))
 def test_reference_runs_on_meta_with_the_expected_output_shape(name):
     ns = _exec(tasks.get(name).reference_src)
     with torch.device("meta"), torch.no_grad():
@@ -202,13 +213,15 @@ def test_load_reads_a_kernelbench_file(tmp_path):
     assert (task.device, task.rtol, task.atol, task.l2_tol) == ("cuda", 1e-4, 1e-4, 1e-5)
 
 
-def test_load_does_not_execute_the_file(tmp_path):
-    marker = tmp_path / "executed"
+def test_load_runs_the_file_only_in_another_process(tmp_path):
+    """The dtype probe executes the file, but in a child process: this process's torch state is untouched."""
     path = tmp_path / "p.py"
-    path.write_text(f"open({str(marker)!r}, 'w').write('x')\n"
-                    "class Model: pass\ndef get_inputs(): return []\ndef get_init_inputs(): return []\n")
-    tasks.load(str(path))
-    assert not marker.exists()
+    path.write_text("import torch\ntorch.set_default_dtype(torch.float64)\n"
+                    "class Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+                    "def get_inputs(): return [torch.randn(4)]\ndef get_init_inputs(): return []\n")
+    task = tasks.load(str(path))
+    assert torch.get_default_dtype() == torch.float32
+    assert task.dtype == "fp64" and "inputs fp64" in task.description
 
 
 def test_load_rejects_a_file_missing_a_required_name(tmp_path):
@@ -225,11 +238,14 @@ def test_load_rejects_a_syntax_error_with_its_line(tmp_path):
         tasks.load(str(path))
 
 
-def test_load_accepts_every_builtin_reference(tmp_path):
-    for name in tasks.names():
+def test_load_accepts_builtin_references(tmp_path):
+    for name in ("rnn@v0",):  # one child process per load: keep the count small
         path = tmp_path / f"{name}.py"
         path.write_text(tasks.get(name).reference_src)
-        assert tasks.load(str(path)).reference_src == tasks.get(name).reference_src
+        loaded = tasks.load(str(path))
+        assert loaded.reference_src == tasks.get(name).reference_src
+        assert loaded.dtype == "fp32" and "Precision: fp32 (inputs fp32; weights fp32; outputs fp32)" \
+            in loaded.description
 
 
 # ------------------------------------------------------------------------------------------ candidates
