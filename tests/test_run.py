@@ -249,7 +249,7 @@ def test_missing_gpu_is_explained(tmp_path):
 
 
 def test_unknown_task_is_explained():
-    with pytest.raises(run.SetupError, match="unknown task"):
+    with pytest.raises(run.cli.UsageError, match="no task of that name"):
         run.load_task("no_such_task")
 
 
