@@ -440,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("run.py: interrupted (Ctrl-C) before the run directory was made; nothing to resume",
-              file=sys.stderr)
+        print("run.py: interrupted (Ctrl-C) during set-up; " + (
+            f"{cfg.resume} is unchanged" if cfg.resume else "no run directory was made"), file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
@@ -458,6 +458,8 @@ def _main(cfg: Config, given: set[str]) -> int:
         state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
     else:
         task, changes, state, config = cli.load_task(cfg.task), {}, None, None
+    if cfg.out and not cfg.resume:
+        rundir_mod.RunDir.check_new(Path(cfg.out))   # before anything slow: an existing run stays untouched
     device = cfg.device or task.device
     check_device(device, task)
     llm_main, llm_cheap = make_clients(cfg)
@@ -594,7 +596,7 @@ def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.Ru
     try:
         return evaluate_kernel.Evaluator.for_task(task, **kw)
     except RuntimeError as e:
-        raise SetupError(f"cannot start the evaluator on {device}: {_first_line(e)}") from None
+        raise SetupError(f"the reference does not start on {device}: {_reference_problem(e)}") from None
 
 
 def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: Config, device: str,
@@ -620,8 +622,8 @@ def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: C
     worker.start()
     worker.join(cfg.reference_limit)
     if worker.is_alive():
-        hint = (" (this task is meant for a GPU)" if device == "cpu" and task.device == "cuda"
-                else "; raise --reference-limit if it is expected")
+        meant_for_gpu = device == "cpu" and task.device == "cuda" and task.name in tasks.names()
+        hint = " (this task is meant for a GPU)" if meant_for_gpu else "; raise --reference-limit if expected"
         raise SetupError(f"the reference took longer than --reference-limit {cfg.reference_limit:g} s "
                          f"on {_hardware_name(device)}{hint}")
     if "error" in result:
@@ -633,18 +635,18 @@ def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: C
 
 
 def _reference_problem(err: Exception) -> str:
+    """One line from the reference worker's error: a missing module by name, else the error itself."""
     text = str(err)
     missing = re.search(r"No module named '([^']+)'", text)
     if missing:
         return (f"it imports {missing.group(1)!r}, which is not installed here (pip install it, or put the "
                 "module beside the problem file)")
-    return _first_line(text.removeprefix("the reference itself failed to run: "))
-
-
-def _first_line(err, limit: int = 300) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    text = lines[0] if lines else type(err).__name__
-    return text[:limit] + (" ..." if len(text) > limit else "")
+    text = text.removeprefix("the reference itself failed to run: ")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "Traceback (most recent call last)" in text:   # the exception is the traceback's last line
+        lines = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)][-1:] or lines
+    line = " ".join(lines[:1]) or type(err).__name__
+    return line[:300] + (" ..." if len(line) > 300 else "")
 
 
 if __name__ == "__main__":

@@ -79,17 +79,20 @@ class RunDir:
     @classmethod
     def create(cls, path: Path | None, task_name: str, eval_cache: Path | None = None) -> "RunDir":
         """A new run directory: `path` must not exist or be empty; None picks a unique default name."""
-        if path is None:
-            path = default_path(task_name)
-        path = Path(path)
+        path = Path(path) if path is not None else default_path(task_name)
+        cls.check_new(path)
+        path.mkdir(parents=True, exist_ok=True)
+        return cls(path, eval_cache)
+
+    @staticmethod
+    def check_new(path: Path) -> None:
+        """Raise RunDirError unless `path` can hold a new run (missing or an empty directory)."""
         if path.exists() and not path.is_dir():
             raise RunDirError(f"--out {path}: is a file, not a directory")
         if path.is_dir() and any(path.iterdir()):
             hint = (f"continue it with --resume {path}" if (path / "config.json").exists()
                     else "choose a new or empty directory")
             raise RunDirError(f"--out {path}: the directory is not empty; nothing in it was changed ({hint})")
-        path.mkdir(parents=True, exist_ok=True)
-        return cls(path, eval_cache)
 
     @classmethod
     def open(cls, path: Path, eval_cache: Path | None = None) -> "RunDir":
