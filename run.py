@@ -487,7 +487,10 @@ def _main(cfg: Config, given: set[str]) -> int:
             evaluator.close()
     except KeyboardInterrupt:
         if search is not None:
-            write_report(search, "interrupted (Ctrl-C)")
+            try:   # islands may still be finishing their round in worker threads
+                write_report(search, "interrupted (Ctrl-C)")
+            except Exception:
+                pass
         print(f"run.py: interrupted (Ctrl-C); continue with: python run.py --resume {rd.path}",
               file=sys.stderr)
         sys.stdout.flush()
