@@ -146,7 +146,10 @@ def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: C
     if "error" in result:
         raise SetupError(f"the reference does not run on {device}: {_reference_problem(result['error'])}")
     ms = result["ms"]
-    say(f"reference: {ms:.4g} ms per call (measured in {time.time() - t0:.1f} s)")
+    # peak memory when the evaluator reports it (an optional `baseline_info() -> {"peak_bytes": ...}`)
+    info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
+    peak = f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB" if info.get("peak_bytes") else ""
+    say(f"reference: {ms:.4g} ms per call{peak} (measured in {time.time() - t0:.1f} s)")
     rd.store_eval(key, {"baseline_ms": ms})
     return ms
 

@@ -84,7 +84,7 @@ BAD_OPTIONS = [
     (["--atol", "-1"], "--atol", "> 0"), (["--l2-tol", "0"], "--l2-tol", "> 0"),
     (["--reference-limit", "0"], "--reference-limit", "> 0"),
     (["--gpus", "abc"], "--gpus", "comma-separated"), (["--gpus", "0,0"], "--gpus", "distinct"),
-    (["--gpus", "7"], "--gpus", "no GPU 7"),
+    (["--gpus", "99"], "--gpus", "no GPU 99"),
     (["--task", "no_such_task"], "--task", "no task of that name"),
     (["--task", "{tmp}/missing.py"], "--task", "no such file"),
     (["--task", "{dir}"], "--task", "is a directory"), (["--task", "{binary}"], "--task", "not a text file"),
