@@ -401,6 +401,9 @@ class Search:
             gen.outcome.status if gen.outcome else gen.status)
         if gen.status == "llm_error" and failed:
             result = f"llm_error ({', '.join(sorted(set(failed)))})"
+        elif failed:
+            result += (f" [{len(failed)} LLM call{'s' * (len(failed) > 1)} failed: "
+                       f"{', '.join(sorted(set(failed)))}]")
         best = island.momentum.best
         glob = self.global_best["speedup"] if self.global_best else 1.0
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"

@@ -164,9 +164,6 @@ class RunDir:
             os.replace(path, self.path / PREVIOUS)
         write_atomic(path, json.dumps(state))
 
-    def has_checkpoint(self) -> bool:
-        return (self.path / CHECKPOINT).exists() or (self.path / PREVIOUS).exists()
-
     def load_checkpoint(self, warn=print) -> dict | None:
         """The newest checkpoint that parses; None when the run never reached its first checkpoint."""
         problems = []

@@ -339,3 +339,22 @@ def test_summary_says_when_nothing_beat_the_reference():
     assert "slower" in report.best_summary(slower, 10.0)
     faster = dict(slower, runtime_ms=5.0, speedup=2.0)
     assert report.best_summary(faster, 10.0).startswith("**best: 5 ms, 2.000x")
+
+
+def test_llm_failure_classes_are_read_from_the_generation_notes():
+    notes = ["LLM call failed (idea_generation): AuthError: openai HTTP 401: bad key",
+             "unusable selection reply: no code block",
+             "LLM call failed (classification): TransportError: timed out"]
+    assert run._llm_failures(notes) == ["AuthError", "TransportError"]
+    assert run._llm_failures([]) == []
+
+
+def test_ctrl_c_before_the_run_directory_exists_is_one_line(tmp_path, capsys, monkeypatch):
+    def interrupted(client, role):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(llm_check, "probe", interrupted)
+    out = tmp_path / "run"
+    code, err = _main(["--task", "conv_groupnorm_small", "--base-url", _dead_url(), "--model", "m",
+                       "--out", out], capsys)
+    assert code == 130 and err.strip() == "run.py: interrupted (Ctrl-C) during set-up; no run directory was made"
+    assert not out.exists()
