@@ -127,6 +127,8 @@ class RunDir:
         """The task exactly as the run started it (from reference.py and the saved settings), and a
         note when the original problem file has changed or gone since then ("" when unchanged)."""
         ref_path = self.path / REFERENCE
+        if not isinstance(config.get("task"), dict) and not ref_path.exists():
+            return self._task_of_an_older_run(config)
         try:
             src = ref_path.read_text()
         except OSError:
@@ -154,6 +156,16 @@ class RunDir:
             note = (f"the built-in task {task.name} has changed since the run started; resuming against "
                     f"the run's copy {ref_path}")
         return task, note
+
+    def _task_of_an_older_run(self, config: dict) -> tuple[tasks.Task, str]:
+        """Runs made before the run directory kept its reference: the task as it is now."""
+        name = config["config"]["task"]
+        try:
+            task = tasks.get(name) if name in tasks.names() else tasks.load(name)
+        except (OSError, ValueError) as e:
+            raise RunDirError(f"{self.path} predates reference copies and its task {name} cannot be "
+                              f"loaded ({e})") from None
+        return task, f"{self.path} predates reference copies; resuming against {name} as it is now"
 
     # -- checkpoints -------------------------------------------------------------------------------
 

@@ -358,3 +358,23 @@ def test_ctrl_c_before_the_run_directory_exists_is_one_line(tmp_path, capsys, mo
                        "--out", out], capsys)
     assert code == 130 and err.strip() == "run.py: interrupted (Ctrl-C) during set-up; no run directory was made"
     assert not out.exists()
+
+
+def test_tolerances_logs_and_the_problem_folder_reach_the_evaluator(tmp_path, monkeypatch):
+    import evaluate_kernel
+    seen = {}
+    monkeypatch.setattr(evaluate_kernel.Evaluator, "for_task",
+                        classmethod(lambda cls, task, **kw: seen.update(kw) or "evaluator"))
+    problem = tmp_path / "problems" / "my_conv.py"
+    problem.parent.mkdir()
+    problem.write_text(tasks.get("conv_groupnorm_small").reference_src)
+    cfg = cli.parse_args(["--task", str(problem), "--rtol", "1e-3", "--l2-tol", "2e-4", "--out", str(tmp_path / "r")])
+    task = cli.load_task(cfg.task)
+    rd = run.new_run_dir(cfg, task, "cpu")
+    assert run.make_evaluator(cfg, task, "cpu", rd) == "evaluator"
+    assert seen["rtol"] == 1e-3 and seen["l2_tol"] == 2e-4 and "atol" not in seen   # atol: the task's
+    assert seen["log_dir"] == str(rd.path / "logs") and seen["import_dirs"] == [str(problem.parent)]
+    saved = json.loads((rd.path / "config.json").read_text())["config"]
+    assert (saved["rtol"], saved["atol"], saved["l2_tol"]) == (1e-3, None, 2e-4)
+    plain = cli.parse_args(["--task", str(problem)])
+    assert run._tolerance_key(plain) == [] and run._tolerance_key(cfg) != []   # cached apart
