@@ -150,7 +150,9 @@ def test_full_run_writes_every_file(full_run):
     best = (out / "best.py").read_text()
     assert "class ModelNew" in best and "x the PyTorch reference" in best
     report = (out / "report.md").read_text()
-    assert "Island 0" in report and "Island 2" in report and "best:" in report
+    assert "Island 0" in report and "Island 2" in report
+    # honest CPU candidates are within noise of the reference: either may be faster
+    assert "**best:" in report or "**nothing beat the reference" in report
     assert "[island 0 gen   1]" in proc.stdout and "global best" in proc.stdout
 
 
