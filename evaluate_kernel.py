@@ -1443,7 +1443,7 @@ class _Device:
 
     def _spawn(self) -> _Worker:
         """A runner process that imports torch at once, on the cores not reserved for timing."""
-        return self.ev._spawn_warm(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"))
+        return self.ev._spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"))
 
     def _prep(self, w: _Worker, lock_path: str | None) -> None:
         w.send(self.ev._job("prep", device=self.ev._torch_device(), gpu_lock=lock_path))
@@ -1512,7 +1512,7 @@ class _Device:
         return self.ev._env(**extra)
 
     def _start_ref(self) -> dict:
-        self.ref = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"ref-{self.index}.log"))
+        self.ref = _Worker(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
         self.ref.send(self.ev._job("ref", device=self.ev._torch_device(), cpus=self.ev._other_cpus))
         try:
             return self.ref.recv(timeout=300)
@@ -1553,7 +1553,8 @@ class Evaluator:
 
     def __init__(self, reference_src: str, *, device: str = "cuda", gpus: list[int] | None = None,
                  rtol: float = 1e-4, atol: float = 1e-4, l2_tol: float = 1e-5, flops: float = 0.0,
-                 cache_dir: str | None = None, **options):
+                 cache_dir: str | None = None, log_dir: str | None = None,
+                 import_dirs: list[str] | None = None, **options):
         unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
         if unknown:
             raise TypeError(f"unknown options: {sorted(unknown)}")
@@ -1564,6 +1565,9 @@ class Evaluator:
         self.rtol, self.atol, self.l2_tol = rtol, atol, l2_tol
         self.cache_dir = os.path.abspath(cache_dir or os.path.join(tempfile.gettempdir(), "pacevolve-eval"))
         os.makedirs(self.cache_dir, exist_ok=True)
+        self.log_dir = os.path.abspath(log_dir) if log_dir else self.cache_dir  # shim: worker logs
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.import_dirs = [os.path.abspath(d) for d in import_dirs or []]  # shim: on every worker's path
         cores = os.cpu_count() or 2
         # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
         # several builds side by side, so builds overlap with timing and with each other.
@@ -1620,6 +1624,9 @@ class Evaluator:
         # from fresh mmaps (page faults every call) or from the heap, and CPU timings of the same model
         # differed 3x between processes. Fixed, every process takes the heap path.
         malloc = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+        if self.import_dirs:
+            path = [*self.import_dirs, os.environ.get("PYTHONPATH", "")]
+            extra = {"PYTHONPATH": os.pathsep.join(p for p in path if p), **extra}
         return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **malloc, **extra)
 
     def _job(self, role: str, **kw) -> dict:
@@ -1657,7 +1664,7 @@ class Evaluator:
     def _spawn_builder(self) -> _Worker:
         # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
         return self._spawn_warm(self._env(CUDA_VISIBLE_DEVICES=""),
-                                os.path.join(self.cache_dir, f"build-{secrets.token_hex(6)}.log"))
+                                os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
 
     def _spawn_warm(self, env: dict[str, str], log_path: str) -> _Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the

@@ -1,4 +1,4 @@
-"""Run PACEvolve on a kernel task: islands, Algorithm 2 wiring, command line, run directory, report.
+"""Run PACEvolve on a kernel task: parse, set up, run the islands (Algorithm 2), report.
 
     python run.py --task conv_groupnorm --islands 2
 
@@ -21,129 +21,48 @@ The score is the candidate's runtime in ms (lower is better); s_0 is the PyTorch
 measured at the start on the same device, and the target r defaults to 0 ms (`--target-speedup S` sets
 r = s_0 / S, the official configs' per-kernel "target score").
 
-A round is the unit of checkpointing: after every round the whole state (pools, logs, programs,
-momentum, snapshots, random generators) is written atomically to checkpoint.json, and every
+`main` in order: the options are checked (cli.py); the task, device and LLM clients are set up and each
+model answers one probe call (llm_check.py); the run directory is made (rundir.py); the reference is
+measured once (s_0); then rounds run until the generations, the token budget or the LLM run out
+(`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report.py).
+A round is the unit of checkpointing: the state (pools, logs, programs, momentum, snapshots, random
+generators) is written atomically to checkpoint.json at round 0 and after every round, and every
 evaluation is stored the moment it finishes, so `--resume DIR` loses nothing and re-evaluates nothing.
 With a deterministic LLM the resumed run is the same as an uninterrupted one.
+Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 130 Ctrl-C.
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import dataclasses
-import datetime
-import hashlib
 import json
 import os
-import platform
 import random
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cli
 import crossover
 import hcm
-import llm
+import llm_check
 import momentum
+import rundir as rundir_mod
 import tasks
+from run_setup import (SetupError, check_device, make_clients, make_evaluator,  # noqa: F401
+                       measure_reference, new_run_dir, record_resume)
+from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
+from report import write_report  # noqa: F401
+from rundir import RunDir, write_atomic  # noqa: F401
 
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
-
-
-# ----------------------------------------------------------------------------- configuration
-
-@dataclass
-class Config:
-    task: str = "conv_groupnorm"
-    islands: int = 2
-    generations: int = 50
-    model: str | None = None
-    provider: str | None = None
-    base_url: str | None = None
-    secondary_model: str | None = None
-    temperature: float | None = None
-    max_output_tokens: int | None = None
-    device: str | None = None
-    gpus: str | None = None
-    seed: int = 0
-    out: str | None = None
-    resume: str | None = None
-    eval_cache: str | None = None
-    beta: float = momentum.BETA
-    eps_rel: float = momentum.THRESHOLD
-    freeze: int = 15
-    alpha: float = momentum.POWER_ALPHA
-    k_idea: int = 5
-    k_hyp: int = 20
-    proposals: int = 3
-    repairs: int = 2
-    target_speedup: float | None = None
-    token_budget: int | None = None
-    allow_tf32: bool = False
-    quiet: bool = False
-
-
-def parse_args(argv: list[str] | None = None) -> Config:
-    ns = _parser().parse_args(argv)
-    return Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
-
-
-def given_options(argv: list[str] | None = None) -> set[str]:
-    """The options the user typed (not defaults): a resumed run keeps its saved configuration."""
-    return set(vars(_parser(argparse.SUPPRESS).parse_args(argv)))
-
-
-def _parser(default=None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(argument_default=default,
-        prog="run.py", description="PACEvolve: LLM-driven evolutionary search for faster GPU kernels.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-
-    def a(*names, **kw):
-        if default is argparse.SUPPRESS:
-            kw["default"] = argparse.SUPPRESS   # only what was typed shows up
-        p.add_argument(*names, **kw)
-
-    a("--task", default=Config.task,
-      help=f"built-in task name ({', '.join(tasks.names())}) or a KernelBench problem file path")
-    a("--islands", type=int, default=Config.islands, help="number of islands searching concurrently")
-    a("--generations", type=int, default=Config.generations, help="generations per island")
-    a("--model", help="main LLM (idea generation, selection and code), e.g. gemini-2.5-pro, gpt-5, "
-                      "claude-sonnet-4-5, or any model a local OpenAI-compatible server serves")
-    a("--provider", choices=["openai", "gemini", "anthropic"],
-      help="API family; guessed from the model name or --base-url when omitted")
-    a("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
-                         "http://localhost:11434/v1 (Ollama)")
-    a("--secondary-model", help="cheaper LLM for classification, summaries and pruning "
-                                "(the paper used Gemini 2.5 Flash); same provider settings")
-    a("--temperature", type=float, help="sampling temperature (provider default when omitted)")
-    a("--max-output-tokens", type=int, help="output token limit per LLM call")
-    a("--device", choices=["cuda", "cpu"], help="where candidates run (default: the task's own)")
-    a("--gpus", help="comma-separated GPU indices for evaluation, e.g. 0,1 (default: all visible)")
-    a("--seed", type=int, default=Config.seed, help="seed for every random choice of the search")
-    a("--out", help="run directory (default: runs/<task>-<time>)")
-    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and "
-                                          "source, so runs re-use each other's measurements")
-    a("--beta", type=float, default=Config.beta, help="momentum decay beta (§3.2)")
-    a("--eps-rel", type=float, default=Config.eps_rel, help="stagnation threshold eps_rel (§3.2)")
-    a("--freeze", type=int, default=Config.freeze,
-      help="generations after the start or an intervention before the next one may fire")
-    a("--alpha", type=float, default=Config.alpha, help="power-law exponent of backtracking")
-    a("--k-idea", type=int, default=Config.k_idea, help="idea cap K_idea (Algorithm 1)")
-    a("--k-hyp", type=int, default=Config.k_hyp, help="hypotheses per idea before summary, K_hyp")
-    a("--proposals", type=int, default=Config.proposals, help="ideas proposed per generation")
-    a("--repairs", type=int, default=Config.repairs,
-      help="LLM repairs of a failing candidate within one generation")
-    a("--target-speedup", type=float,
-      help="speedup at which the gap counts as closed: r = s_0 / S (default r = 0 ms)")
-    a("--token-budget", type=int, help="stop after this many LLM tokens (prompt + output)")
-    a("--allow-tf32", action="store_true",
-      help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
-    a("--quiet", action="store_true", help="no per-generation progress lines")
-    return p
+EXIT_LLM_FAILURES = 3
+EXIT_INTERRUPTED = 130
+_hardware_name = rundir_mod.hardware_name
 
 
 # ----------------------------------------------------------------------------- islands
@@ -208,74 +127,6 @@ def _rng_from_json(data: list) -> random.Random:
     return rng
 
 
-# ----------------------------------------------------------------------------- run directory
-
-def _count_lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    with open(path) as f:
-        return sum(1 for _ in f)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a file behind."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class RunDir:
-    """Everything a run writes: config, events, candidates with their evaluations, best.py, report."""
-
-    def __init__(self, path: Path, eval_cache: Path | None = None):
-        self.path = path
-        self.candidates = path / "candidates"
-        self.candidates.mkdir(parents=True, exist_ok=True)
-        self.evals = eval_cache or (path / "evals")
-        self.evals.mkdir(parents=True, exist_ok=True)
-        self.events_path = path / "events.jsonl"
-        self.events_written = _count_lines(self.events_path)   # checkpoints record it; resume truncates to it
-        self._lock = threading.Lock()
-
-    def event(self, kind: str, **data) -> None:
-        line = json.dumps({"type": kind, "time": round(time.time(), 3), **data}, default=str)
-        with self._lock, open(self.events_path, "a") as f:
-            f.write(line + "\n")
-            self.events_written += 1
-
-    def truncate_events(self, n: int) -> None:
-        """Drop events written after the checkpoint we resume from; they will happen again."""
-        if not self.events_path.exists():
-            return
-        with open(self.events_path) as f:
-            lines = f.readlines()[:n]
-        write_atomic(self.events_path, "".join(lines))
-        self.events_written = len(lines)
-
-    def save_program(self, src: str) -> str:
-        pid = hcm.program_id(src)   # the id HCM records on the hypothesis, so records lead to the file
-        path = self.candidates / f"{pid}.py"
-        if not path.exists():
-            write_atomic(path, src)
-        return pid
-
-    def program(self, pid: str) -> str:
-        return (self.candidates / f"{pid}.py").read_text()
-
-    def eval_key(self, context: str, src: str) -> str:
-        return hashlib.sha256((context + "\0" + src).encode()).hexdigest()[:24]
-
-    def load_eval(self, key: str) -> dict | None:
-        path = self.evals / f"{key}.json"
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def store_eval(self, key: str, result: dict) -> None:
-        write_atomic(self.evals / f"{key}.json", json.dumps(result, indent=1))
-
-
 # ----------------------------------------------------------------------------- the search
 
 class Search:
@@ -294,6 +145,8 @@ class Search:
         self.global_best: dict | None = None
         self.eval_seconds = 0.0
         self.eval_counts: dict[str, int] = {}
+        self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
+        self.wall_before, self.started = 0.0, time.time()   # wall time of earlier sessions, this one's start
         self._eval_lock = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
         self.hcm_config = hcm.HCMConfig(n_proposals=cfg.proposals, k_idea=cfg.k_idea,
@@ -305,7 +158,8 @@ class Search:
         # deterministic LLM (temperature 0, a local server) identical prompts would make them clones.
         self.contexts = [hcm.TaskContext(name=f"{task.name} (search island {i + 1} of {cfg.islands})",
                                          background=background) for i in range(cfg.islands)]
-        self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)])
+        self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)]
+                                      + _tolerance_key(cfg))
 
     def _new_island(self, i: int) -> Island:
         island = Island(index=i, rng=random.Random(f"{self.cfg.seed}:{i}"),
@@ -383,8 +237,10 @@ class Search:
 
     def _generation(self, island: Island):
         parent = self._parent(island)
+        watch = self.llm_watch   # counts failures in a row and tokens per island
         return hcm.run_generation(island.pool, island.log, task=self.contexts[island.index], parent=parent,
-                                  llm=self.llm_main, cheap_llm=self.llm_cheap, execute=self._execute,
+                                  llm=watch.wrap(self.llm_main, island.index),
+                                  cheap_llm=watch.wrap(self.llm_cheap, island.index), execute=self._execute,
                                   config=self.hcm_config, rng=island.rng)
 
     # -- Algorithm 2, applied at the end of each round, in island order -------------------------
@@ -411,7 +267,8 @@ class Search:
                           message=(outcome.message[:300] if outcome else ""),
                           runtime_ms=score, program=pid, r_t=r_t, momentum=island.momentum.value,
                           island_best_ms=island.momentum.best, llm_calls=gen.llm_calls,
-                          notes=gen.events)
+                          attempts=[{"status": a["status"], "score": a.get("score")} for a in gen.attempts],
+                          llm_failures=_llm_failures(gen.events), notes=gen.events)
         self._progress(island, gen, score)
 
     def _intervene(self, island: Island) -> None:
@@ -439,7 +296,8 @@ class Search:
             if all(p.id != partner.best.id for p in island.elites):
                 island.elites = sorted(island.elites + [partner.best], key=lambda p: p.score)
             merged = hcm.merge_pools(island.pool, partner.pool)
-            notes = hcm.prune_pool(island.pool, island.log, llm=self.llm_cheap or self.llm_main,
+            notes = hcm.prune_pool(island.pool, island.log,
+                                   llm=self.llm_watch.wrap(self.llm_cheap or self.llm_main, island.index),
                                    config=self.hcm_config, task=self.contexts[island.index])
             record.update(action="crossover", partner=action, parent=partner.best.id,
                           merged_ideas=merged, pruned=notes)
@@ -458,9 +316,11 @@ class Search:
         self.global_best = {"program": pid, "runtime_ms": score, "speedup": self.s0 / score,
                             "island": island.index, "generation": island.generation,
                             "round": self.round}
+        slower = ("\n# SLOWER than the reference: no correct candidate has beaten it yet; this is the "
+                  "fastest one found" if score >= self.s0 else "")
         header = (f"# pacevolve best for task {self.task.name}: {score:.4g} ms, "
                   f"{self.s0 / score:.3f}x the PyTorch reference ({self.s0:.4g} ms) on "
-                  f"{_hardware_name(self.device)}\n# island {island.index}, generation "
+                  f"{_hardware_name(self.device)}{slower}\n# island {island.index}, generation "
                   f"{island.generation}, program {pid}\n")
         write_atomic(self.rundir.path / "best.py", header + self.rundir.program(pid))
 
@@ -477,6 +337,10 @@ class Search:
                 self.round += 1
                 for island, gen in zip(self.islands, gens):
                     self._record(island, gen)
+                if self.llm_watch.tripped:   # no intervention on generations the LLM never served
+                    self.checkpoint()
+                    return (f"stopped: {self.llm_watch.limit} LLM calls in a row failed (last: "
+                            f"{self.llm_watch.last_error})")
                 for island in self.islands:
                     self._intervene(island)
                 self.checkpoint()
@@ -500,10 +364,14 @@ class Search:
                 "islands": [i.to_dict() for i in self.islands], "global_best": self.global_best,
                 "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
+                "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
                 "events": self.rundir.events_written}
 
     def checkpoint(self) -> None:
-        write_atomic(self.rundir.path / "checkpoint.json", json.dumps(self.state()))
+        self.rundir.save_checkpoint(self.state())
+
+    def wall_seconds(self) -> float:
+        return self.wall_before + time.time() - self.started
 
     def restore(self, state: dict) -> None:
         self.round = state["round"]
@@ -511,6 +379,8 @@ class Search:
         self.global_best = state["global_best"]
         self.eval_seconds = state["eval_seconds"]
         self.eval_counts = state["eval_counts"]
+        self.llm_watch.restore(state.get("llm", {}))
+        self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])
         for client, key in ((self.llm_main, "main"), (self.llm_cheap, "secondary")):
             saved = state["usage"].get(key)
@@ -526,8 +396,14 @@ class Search:
             self.out(line)
 
     def _progress(self, island: Island, gen, score: float | None) -> None:
+        failed = _llm_failures(gen.events)
         result = f"{self.s0 / score:.2f}x ({score:.4g} ms)" if score else (
             gen.outcome.status if gen.outcome else gen.status)
+        if gen.status == "llm_error" and failed:
+            result = f"llm_error ({', '.join(sorted(set(failed)))})"
+        elif failed:
+            result += (f" [{len(failed)} LLM call{'s' * (len(failed) > 1)} failed: "
+                       f"{', '.join(sorted(set(failed)))}]")
         best = island.momentum.best
         glob = self.global_best["speedup"] if self.global_best else 1.0
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"
@@ -539,238 +415,107 @@ def _usage(client) -> dict:
     return dict(getattr(client, "usage", {}) or {}) if client is not None else {}
 
 
-def _hardware_name(device: str) -> str:
-    if device == "cuda":
-        try:
-            import torch
-            return torch.cuda.get_device_name(0)
-        except Exception:
-            return "an NVIDIA GPU"
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+def _llm_failures(notes: list[str]) -> list[str]:
+    """The error classes of the LLM calls that failed in one generation (from HCM's notes)."""
+    return re.findall(r"LLM call failed \([^)]*\): (\w+)", "\n".join(notes))
 
 
-# ----------------------------------------------------------------------------- report
-
-def write_report(search: Search, why: str, wall_s: float) -> Path:
-    cfg, rd = search.cfg, search.rundir
-    lines = [f"# pacevolve run: {search.task.name}", "",
-             f"- stopped: {why} after {search.round} rounds ({wall_s / 60:.1f} min)",
-             f"- device: {_hardware_name(search.device)}",
-             f"- reference (s_0): {search.s0:.4g} ms; target r: {search.target:.4g} ms"]
-    gb = search.global_best
-    if gb:
-        lines.append(f"- **best: {gb['runtime_ms']:.4g} ms, {gb['speedup']:.3f}x the reference** "
-                     f"(island {gb['island']}, generation {gb['generation']}, `best.py`)")
-    else:
-        lines.append("- no correct candidate yet")
-    usage = search.state()["usage"]
-    for name, u in usage.items():
-        if u:
-            lines.append(f"- LLM {name}: {u.get('calls', 0)} calls, {u.get('prompt_tokens', 0):,} "
-                         f"prompt + {u.get('completion_tokens', 0):,} output tokens")
-    lines.append(f"- evaluations: " + (", ".join(f"{k} {v}" for k, v in sorted(
-        search.eval_counts.items())) or "none") + f"; GPU/CPU seconds checking and timing: "
-                 f"{search.eval_seconds:.1f}")
-    lines += ["", "## Islands", ""]
-    for island in search.islands:
-        best = island.best
-        lines.append(f"### Island {island.index}: best "
-                     + (f"{best.score:.4g} ms ({search.s0 / best.score:.3f}x), program `{best.id}`"
-                        if best else "none"))
-        lines += ["", "| generation | island best ms | speedup |", "|---:|---:|---:|"]
-        step = max(1, len(island.trajectory) // 25)
-        for g, ms in island.trajectory[::step] + island.trajectory[-1:] * (step > 1):
-            lines.append(f"| {g} | {ms:.4g} | {search.s0 / ms:.3f}x |")
-        if island.actions:
-            lines += ["", "Interventions (Algorithm 2):", ""]
-            for a in island.actions:
-                what = (f"backtrack to snapshot {a['restored_index']}" if a["action"] == "backtrack"
-                        else f"crossover with island {a['partner']}")
-                lines.append(f"- generation {a['generation']}: {what} (A_i={a['A_self']:.3f}, "
-                             f"weights " + ", ".join(f"{k}={v:.3f}" for k, v in a["weights"].items())
-                             + ")")
-        lines.append("")
-    if plot_progress(search, rd.path / "progress.png"):
-        lines += ["![best so far per island](progress.png)", ""]
-    path = rd.path / "report.md"
-    write_atomic(path, "\n".join(lines) + "\n")
-    return path
-
-
-def plot_progress(search: Search, path: Path) -> bool:
-    """Best-so-far speedup per island with interventions marked, when matplotlib is installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for island in search.islands:
-        if not island.trajectory:
-            continue
-        gens = [g for g, _ in island.trajectory]
-        ax.step(gens, [search.s0 / ms for _, ms in island.trajectory], where="post",
-                label=f"island {island.index}")
-        for a in island.actions:
-            marker = "v" if a["action"] == "backtrack" else "*"
-            y = search.s0 / island.trajectory[a["generation"] - 1][1]
-            ax.plot(a["generation"], y, marker, color="k", markersize=8)
-    ax.set_xlabel("generation")
-    ax.set_ylabel("best speedup over the reference")
-    ax.set_title(f"{search.task.name}: v backtrack, * crossover")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+def _tolerance_key(cfg: Config) -> list[str]:
+    """Evaluations judged under overridden tolerances are cached apart from the task's own."""
+    given = [(n, getattr(cfg, n)) for n in ("rtol", "atol", "l2_tol") if getattr(cfg, n) is not None]
+    return [json.dumps(given)] if given else []
 
 
 # ----------------------------------------------------------------------------- main
 
-class SetupError(Exception):
-    """Something the user must provide before a run can start; the message says what and how."""
-
-
-def load_task(name: str) -> tasks.Task:
-    if name in tasks.names():
-        return tasks.get(name)
-    if os.path.exists(name):
-        return tasks.load(name)
-    raise SetupError(f"unknown task {name!r}: use one of {', '.join(tasks.names())} "
-                     f"or the path of a KernelBench problem file")
-
-
-def check_device(device: str) -> None:
-    if device != "cuda":
-        return
-    import torch
-    if not torch.cuda.is_available():
-        raise SetupError(
-            "this task runs on a CUDA GPU, but PyTorch sees none "
-            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Run on a machine "
-            "with an NVIDIA GPU and a CUDA build of PyTorch, or try the search on the CPU with "
-            "`--task conv_groupnorm_small` (a CPU task) or `--device cpu`.")
-
-
-def make_clients(cfg: Config):
-    if not cfg.model and not cfg.base_url:
-        cfg.model = os.environ.get("PACEVOLVE_MODEL")
-    if not cfg.model:
-        raise SetupError(
-            "no LLM configured: pass --model (e.g. --model gemini-2.5-pro with GEMINI_API_KEY set, "
-            "--model gpt-5 with OPENAI_API_KEY, --model claude-sonnet-4-5 with ANTHROPIC_API_KEY), "
-            "or a local OpenAI-compatible server with --base-url http://localhost:8000/v1 --model NAME")
-    kw = {}
-    if cfg.temperature is not None:
-        kw["temperature"] = cfg.temperature
-    if cfg.max_output_tokens is not None:
-        kw["max_output_tokens"] = cfg.max_output_tokens
-    try:
-        main = llm.Client.from_env(cfg.model, provider=cfg.provider, base_url=cfg.base_url, **kw)
-        cheap = (llm.Client.from_env(cfg.secondary_model, provider=cfg.provider,
-                                     base_url=cfg.base_url, **kw) if cfg.secondary_model else None)
-    except (llm.LLMError, ValueError) as e:
-        raise SetupError(f"cannot set up the LLM client: {e}") from None
-    return main, cheap
-
-
-def make_evaluator(cfg: Config, task: tasks.Task, device: str):
-    import evaluate_kernel
-    gpus = [int(g) for g in cfg.gpus.split(",")] if cfg.gpus else None
-    kw = {"device": device, "allow_tf32": cfg.allow_tf32}
-    if device == "cuda":
-        kw["gpus"] = gpus
-    return evaluate_kernel.Evaluator.for_task(task, **kw)
-
-
-def versions(device: str) -> dict:
-    v = {"python": platform.python_version(), "platform": platform.platform()}
-    try:
-        import torch
-        v.update(torch=torch.__version__, cuda=torch.version.cuda)
-        if device == "cuda" and torch.cuda.is_available():
-            v["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception:
-        pass
-    return v
+load_task = cli.load_task
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+    cfg = cli.parse_args(argv)   # a bad option exits 2 here, with one line
     try:
-        return _main(cfg, given_options(argv))
-    except SetupError as e:
+        return _main(cfg, cli.given_options(argv))
+    except (SetupError, cli.UsageError, rundir_mod.RunDirError, llm_check.ProbeFailed) as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("run.py: interrupted (Ctrl-C) during set-up; " + (
+            f"{cfg.resume} is unchanged" if cfg.resume else "no run directory was made"), file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
-def _main(cfg: Config, given: set[str] = frozenset()) -> int:
-    resumed = None
+def _main(cfg: Config, given: set[str]) -> int:
+    """Set up (task, device, LLM, run directory), measure s_0, run the islands, report."""
+    say = (lambda line: None) if cfg.quiet else print
     if cfg.resume:
-        path = Path(cfg.resume)
-        if not (path / "checkpoint.json").exists():
-            raise SetupError(f"--resume {path}: no checkpoint.json there")
-        saved = json.loads((path / "config.json").read_text())["config"]
-        # the search continues as it was configured; only its length, budget and output may change
-        keep = {k: v for k, v in dataclasses.asdict(cfg).items()
-                if k == "resume" or (k in given and k in ("generations", "quiet", "token_budget"))}
-        cfg = Config(**{**saved, **keep, "out": str(path)})
-        resumed = json.loads((path / "checkpoint.json").read_text())
-    task = load_task(cfg.task)
+        rd = rundir_mod.RunDir.open(Path(cfg.resume))
+        config = rd.read_config()
+        cfg, changes = cli.resume_config(config["config"], cfg, given)
+        task, note = rd.saved_task(config)
+        if note:
+            print(f"run.py: note: {note}", file=sys.stderr)
+        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
+    else:
+        task, changes, state, config = cli.load_task(cfg.task), {}, None, None
+    if cfg.out and not cfg.resume:
+        rundir_mod.RunDir.check_new(Path(cfg.out))   # before anything slow: an existing run stays untouched
     device = cfg.device or task.device
-    check_device(device)
+    check_device(device, task)
     llm_main, llm_cheap = make_clients(cfg)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(cfg.out or f"runs/{task.name}-{stamp}")
-    path.mkdir(parents=True, exist_ok=True)
-    rundir = RunDir(path, Path(cfg.eval_cache) if cfg.eval_cache else None)
-    if not resumed:
-        write_atomic(path / "config.json", json.dumps(
-            {"config": dataclasses.asdict(cfg), "task": task.name, "device": device,
-             "hardware": _hardware_name(device), "versions": versions(device),
-             "started": stamp}, indent=1))
-    evaluator = make_evaluator(cfg, task, device)
+    for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
+        if client is not None:
+            llm_check.probe(client, role)
+    if cfg.resume:
+        rd = rundir_mod.RunDir(rd.path, Path(cfg.eval_cache) if cfg.eval_cache else None)
+        record_resume(rd, config, cfg, changes, state)
+    else:
+        rd = new_run_dir(cfg, task, device)
+    # From here on the run directory exists: Ctrl-C leaves it resumable.
+    search = None
     try:
-        baseline = resumed["baseline_ms"] if resumed else _baseline(evaluator, rundir, task, cfg, device)
-        search = Search(cfg, task, evaluator, llm_main, llm_cheap, rundir, baseline, device)
-        if resumed:
-            search.restore(resumed)
-            search._say(f"resuming {path} at round {search.round}")
-        else:
-            search._say(f"pacevolve: {task.name} on {_hardware_name(device)}, reference "
-                        f"{baseline:.4g} ms, {cfg.islands} islands, run directory {path}")
-        t0 = time.time()
-        interrupted = False
+        evaluator = make_evaluator(cfg, task, device, rd)
         try:
+            baseline = state["baseline_ms"] if state else measure_reference(evaluator, rd, task, cfg, device,
+                                                                            say)
+            search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device)
+            if state:
+                search.restore(state)
+                say(f"resuming {rd.path} at round {search.round}")
+            else:
+                search.checkpoint()   # round 0: resumable from the first moment
+                say(f"pacevolve: {task.name} on {_hardware_name(device)}, reference {baseline:.4g} ms, "
+                    f"{cfg.islands} island{'s' * (cfg.islands != 1)}, run directory {rd.path}")
             why = search.run()
-        except KeyboardInterrupt:
-            interrupted = True
-            why = "interrupted (Ctrl-C); resume with --resume " + str(path)
-        report = write_report(search, why, time.time() - t0)
-        gb = search.global_best
-        search._say(f"done: {why}. " + (f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) "
-                                         f"in {path / 'best.py'}. " if gb else "No correct candidate. ")
-                    + f"Report: {report}")
-    finally:
-        evaluator.close()
-    if interrupted:
-        # worker threads may still sit in an LLM call; everything is on disk, so leave now
+        finally:
+            evaluator.close()
+    except KeyboardInterrupt:
+        if search is not None:
+            try:   # islands may still be finishing their round in worker threads
+                write_report(search, "interrupted (Ctrl-C)")
+            except Exception:
+                pass
+        print(f"run.py: interrupted (Ctrl-C); continue with: python run.py --resume {rd.path}",
+              file=sys.stderr)
         sys.stdout.flush()
-        os._exit(130)
+        os._exit(EXIT_INTERRUPTED)   # worker threads may still sit in an LLM call; everything is on disk
+    except SetupError as e:
+        raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
+                         f"continue with --resume {rd.path})") from None
+    report = write_report(search, why)
+    gb = search.global_best
+    if gb is None:
+        best = "No correct candidate. "
+    elif gb["runtime_ms"] < search.s0:
+        best = f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) in {rd.path / 'best.py'}. "
+    else:
+        best = (f"No candidate beat the reference; the fastest correct one ({gb['speedup']:.3f}x, slower) "
+                f"is in {rd.path / 'best.py'}. ")
+    print(f"done: {why}. {best}Report: {report}")
+    if search.llm_watch.tripped:
+        print(f"run.py: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
+              "(--model, --base-url, --provider may change)", file=sys.stderr)
+        return EXIT_LLM_FAILURES
     return 0
-
-
-def _baseline(evaluator, rundir: RunDir, task: tasks.Task, cfg: Config, device: str) -> float:
-    """s_0: the reference's runtime on this device, stored with the evaluations for re-use."""
-    key = "baseline-" + hashlib.sha256(
-        "\0".join([task.reference_src, device, str(cfg.allow_tf32)]).encode()).hexdigest()[:16]
-    cached = rundir.load_eval(key)
-    if cached:
-        return cached["baseline_ms"]
-    ms = evaluator.baseline_ms()
-    rundir.store_eval(key, {"baseline_ms": ms})
-    return ms
 
 
 if __name__ == "__main__":

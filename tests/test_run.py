@@ -114,7 +114,7 @@ def _run_cli(args, timeout=900):
 def _comparable(state: dict) -> dict:
     """The search state, without what legitimately differs between two runs (usage, timing sums)."""
     return {k: v for k, v in state.items()
-            if k not in ("usage", "eval_seconds", "eval_counts", "events")}
+            if k not in ("usage", "eval_seconds", "eval_counts", "events", "llm", "wall_s")}
 
 
 def _action_kinds(out: Path) -> set:
@@ -150,7 +150,9 @@ def test_full_run_writes_every_file(full_run):
     best = (out / "best.py").read_text()
     assert "class ModelNew" in best and "x the PyTorch reference" in best
     report = (out / "report.md").read_text()
-    assert "Island 0" in report and "Island 2" in report and "best:" in report
+    assert "Island 0" in report and "Island 2" in report
+    # honest CPU candidates are within noise of the reference: either may be faster
+    assert "**best:" in report or "**nothing beat the reference" in report
     assert "[island 0 gen   1]" in proc.stdout and "global best" in proc.stdout
 
 
@@ -249,7 +251,7 @@ def test_missing_gpu_is_explained(tmp_path):
 
 
 def test_unknown_task_is_explained():
-    with pytest.raises(run.SetupError, match="unknown task"):
+    with pytest.raises(run.cli.UsageError, match="no task of that name"):
         run.load_task("no_such_task")
 
 

@@ -1,0 +1,272 @@
+"""run.py's command line: the options, their checks, and what a resumed run may change.
+
+    cfg = parse_args(argv)          # every option checked; a bad one exits 2 with one line, no traceback
+    given = given_options(argv)     # what the user typed, for --resume
+
+Everything is checked here, before a directory is made or anything is measured: counts are >= 1, the
+momentum decay beta is in (0, 1), eps_rel, alpha, budgets and tolerances are > 0, a target speedup is > 1,
+GPU indices exist, and the task is a built-in name or a readable KernelBench problem file (a missing path, a
+directory, a binary file, a syntax error and a file without Model/get_inputs/get_init_inputs each get their
+own message). `load_task` turns the checked name into a tasks.Task.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import momentum
+import tasks
+
+
+@dataclass
+class Config:
+    task: str = "conv_groupnorm"
+    islands: int = 2
+    generations: int = 50
+    model: str | None = None
+    provider: str | None = None
+    base_url: str | None = None
+    secondary_model: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    device: str | None = None
+    gpus: str | None = None
+    seed: int = 0
+    out: str | None = None
+    resume: str | None = None
+    eval_cache: str | None = None
+    beta: float = momentum.BETA
+    eps_rel: float = momentum.THRESHOLD
+    freeze: int = 15
+    alpha: float = momentum.POWER_ALPHA
+    k_idea: int = 5
+    k_hyp: int = 20
+    proposals: int = 3
+    repairs: int = 2
+    target_speedup: float | None = None
+    token_budget: int | None = None
+    max_llm_failures: int = 5
+    reference_limit: float = 300.0
+    rtol: float | None = None
+    atol: float | None = None
+    l2_tol: float | None = None
+    allow_tf32: bool = False
+    quiet: bool = False
+
+
+# What --resume may change (the search state does not depend on it), and why the rest may not.
+RESUME_MAY_CHANGE = {"model", "provider", "base_url", "secondary_model", "temperature", "max_output_tokens",
+                     "gpus", "generations", "token_budget", "max_llm_failures", "reference_limit", "quiet",
+                     "resume", "eval_cache"}
+RESUME_REFUSES = {
+    "task": "the checkpoint's programs and scores belong to the saved task",
+    "device": "the saved scores were measured on the saved device",
+    "islands": "the checkpoint holds the saved number of islands",
+    "out": "the run directory is the one given to --resume",
+}
+# Anything else (seed, beta, eps_rel, freeze, alpha, K_idea, K_hyp, proposals, repairs, target, tolerances,
+# TF32) shaped the saved state: changing it would make the resumed run a different search.
+RESUME_STATE_REASON = "it shaped the saved search state; start a new run to change it"
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    cfg = Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
+    if cfg.resume is None:
+        try:
+            check_task(cfg.task)
+        except UsageError as e:
+            parser.error(str(e))
+    return cfg
+
+
+def given_options(argv: list[str] | None = None) -> set[str]:
+    """The options the user typed (not defaults): a resumed run keeps its saved configuration."""
+    return set(vars(_parser(argparse.SUPPRESS).parse_args(argv)))
+
+
+def resume_config(saved: dict, cfg: Config, given: set[str]) -> tuple[Config, dict]:
+    """The saved configuration with the options the user typed again; returns it and {option: (old, new)}
+    for what changed. Raises UsageError for a change that would corrupt the saved state."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    merged = {**dataclasses.asdict(Config()), **{k: v for k, v in saved.items() if k in known}}
+    changes = {}
+    for name in sorted(given):
+        new, old = getattr(cfg, name), merged.get(name)
+        if name in ("resume", "out") or new == old:
+            continue
+        if name not in RESUME_MAY_CHANGE:
+            why = RESUME_REFUSES.get(name, RESUME_STATE_REASON)
+            raise UsageError(f"--resume: {_flag(name)} cannot change from {old!r} to {new!r}: {why}")
+        changes[name] = (old, new)
+        merged[name] = new
+    merged["resume"] = cfg.resume
+    merged["out"] = cfg.resume
+    return Config(**merged), changes
+
+
+class UsageError(Exception):
+    """A wrong option or argument; main prints it as one line and exits 2."""
+
+
+def load_task(name: str) -> tasks.Task:
+    """The task for a checked name: a built-in task, else a KernelBench problem file."""
+    check_task(name)
+    return tasks.get(name) if name in tasks.names() else tasks.load(name)
+
+
+def check_task(name: str) -> None:
+    """Raise UsageError with the one reason `name` is neither a task name nor a usable problem file."""
+    if name in tasks.names():
+        return
+    known = ", ".join(tasks.names())
+    if not os.path.exists(name):
+        looks_like_path = os.sep in name or name.endswith(".py")
+        raise UsageError(f"--task {name}: " + ("no such file" if looks_like_path else "no task of that name")
+                         + f" (built-in tasks: {known}; or give the path of a KernelBench problem file)")
+    if os.path.isdir(name):
+        raise UsageError(f"--task {name}: is a directory; give a KernelBench problem file (.py) inside it")
+    try:
+        with open(name, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UsageError(f"--task {name}: cannot read it ({e.strerror})") from None
+    try:
+        src = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--task {name}: not a text file (not UTF-8); give a KernelBench problem .py file") \
+            from None
+    if "\0" in src:
+        raise UsageError(f"--task {name}: not a text file (it contains NUL bytes)")
+    try:
+        tasks.check_reference_source(src, origin=name)
+    except ValueError as e:
+        reason = str(e).removeprefix(f"{name}: ")
+        raise UsageError(f"--task {name}: {reason}") from None
+
+
+def check_gpus(text: str) -> list[int]:
+    """Comma-separated indices of GPUs this machine has."""
+    try:
+        indices = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU indices, "
+                                         "e.g. 0 or 0,1") from None
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+        raise argparse.ArgumentTypeError(f"{text!r}: indices must be distinct and >= 0")
+    count = _cuda_count()
+    missing = [i for i in indices if i >= count]
+    if missing:
+        raise argparse.ArgumentTypeError(
+            f"no GPU {', '.join(map(str, missing))}: this machine has "
+            + (f"GPUs 0-{count - 1}" if count > 1 else "GPU 0" if count == 1 else "no CUDA GPU visible"))
+    return indices
+
+
+# ----------------------------------------------------------------------------- parser
+
+def _parser(default=None) -> argparse.ArgumentParser:
+    p = _OneLineParser(argument_default=default,
+        prog="run.py", description="PACEvolve: LLM-driven evolutionary search for faster GPU kernels.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    def a(*names, **kw):
+        if default is argparse.SUPPRESS:
+            kw["default"] = argparse.SUPPRESS   # only what was typed shows up
+            if "type" in kw:
+                kw["type"] = str   # values were checked by the real parse; only names matter here
+        p.add_argument(*names, **kw)
+
+    a("--task", default=Config.task,
+      help=f"built-in task name ({', '.join(tasks.names())}) or a KernelBench problem file path")
+    a("--islands", type=_count, default=Config.islands, help="number of islands searching concurrently")
+    a("--generations", type=_count, default=Config.generations, help="generations per island")
+    a("--model", help="main LLM (idea generation, selection and code), e.g. gemini-2.5-pro, gpt-5, "
+                      "claude-sonnet-4-5, or any model a local OpenAI-compatible server serves")
+    a("--provider", choices=["openai", "gemini", "anthropic"],
+      help="API family; guessed from the model name or --base-url when omitted")
+    a("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
+                         "http://localhost:11434/v1 (Ollama)")
+    a("--secondary-model", help="cheaper LLM for classification, summaries and pruning "
+                                "(the paper used Gemini 2.5 Flash); same provider settings")
+    a("--temperature", type=_non_negative, help="sampling temperature (provider default when omitted)")
+    a("--max-output-tokens", type=_count, help="output token limit per LLM call")
+    a("--device", choices=["cuda", "cpu"], help="where candidates run (default: the task's own)")
+    a("--gpus", type=_gpus, help="comma-separated GPU indices for evaluation, e.g. 0,1 (default: all visible)")
+    a("--seed", type=int, default=Config.seed, help="seed for every random choice of the search")
+    a("--out", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
+    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
+      "--base-url, --provider, --secondary-model, --gpus, --generations and --token-budget may change")
+    a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and "
+                                          "source, so runs re-use each other's measurements")
+    a("--beta", type=_fraction, default=Config.beta, help="momentum decay beta (§3.2), 0 < beta < 1")
+    a("--eps-rel", type=_positive, default=Config.eps_rel, help="stagnation threshold eps_rel (§3.2), > 0")
+    a("--freeze", type=_count, default=Config.freeze,
+      help="generations after the start or an intervention before the next one may fire")
+    a("--alpha", type=_positive, default=Config.alpha, help="power-law exponent of backtracking, > 0")
+    a("--k-idea", type=_count, default=Config.k_idea, help="idea cap K_idea (Algorithm 1)")
+    a("--k-hyp", type=_count, default=Config.k_hyp, help="hypotheses per idea before summary, K_hyp")
+    a("--proposals", type=_count, default=Config.proposals, help="ideas proposed per generation")
+    a("--repairs", type=_non_negative_int, default=Config.repairs,
+      help="LLM repairs of a failing candidate within one generation")
+    a("--target-speedup", type=_speedup,
+      help="speedup (> 1) at which the gap counts as closed: r = s_0 / S (default r = 0 ms)")
+    a("--token-budget", type=_count, help="stop after this many LLM tokens (prompt + output)")
+    a("--max-llm-failures", type=_count, default=Config.max_llm_failures,
+      help="stop the run after this many LLM calls in a row failed (across islands; calls that "
+           "succeeded on a retry do not count)")
+    a("--reference-limit", type=_positive, default=Config.reference_limit, metavar="SECONDS",
+      help="stop at once if measuring the reference takes longer than this")
+    a("--rtol", type=_positive, help="elementwise relative tolerance (default: the task's)")
+    a("--atol", type=_positive, help="elementwise absolute tolerance, times RMS(ref) (default: the task's)")
+    a("--l2-tol", type=_positive, help="relative L2 error tolerance (default: the task's)")
+    a("--allow-tf32", action="store_true",
+      help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
+    a("--quiet", action="store_true", help="no per-generation progress lines")
+    return p
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (python run.py --help lists the options)\n")
+
+
+def _checked(convert, test, what: str):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {what}")
+        return value
+    parse.__name__ = what   # argparse names the type in some messages
+    return parse
+
+
+_count = _checked(int, lambda v: v >= 1, "an integer >= 1")
+_non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
+_positive = _checked(float, lambda v: v > 0 and v != float("inf"), "a number > 0")
+_non_negative = _checked(float, lambda v: v >= 0, "a number >= 0")
+_fraction = _checked(float, lambda v: 0 < v < 1, "a number with 0 < beta < 1")
+_speedup = _checked(float, lambda v: v > 1 and v != float("inf"), "a speedup > 1")
+
+
+def _gpus(text: str) -> str:
+    check_gpus(text)
+    return text
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0

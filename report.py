@@ -1,0 +1,164 @@
+"""report.md and progress.png: what a run did, for a person to read at the end (or after Ctrl-C).
+
+    write_report(search, why)   # report.md (+ progress.png), from the search state and events.jsonl
+
+report.md says why the run stopped, the best program (or that nothing beat the reference), wall time
+(summed over resumes), evaluations per status, LLM calls, tokens and failures per error class, tokens per
+island, and per island its best-so-far trajectory and interventions. progress.png shows every evaluation
+as a point (correct, incorrect, failed), each island's best-so-far line, the interventions on the island
+where they happened, and the reference at 1.0x. `progress_data` computes what is drawn, from the events
+alone, so it can be checked without looking at pixels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rundir import hardware_name, write_atomic
+
+LINESTYLES = ["-", "--", "-.", ":"]
+MARKERS = {"backtrack": "v", "crossover": "*"}
+
+
+def write_report(search, why: str, wall_s: float | None = None) -> Path:
+    """report.md in the run directory; `wall_s` defaults to the search's own total."""
+    rd, s0 = search.rundir, search.s0
+    wall_s = search.wall_seconds() if wall_s is None and hasattr(search, "wall_seconds") else wall_s or 0.0
+    lines = [f"# pacevolve run: {search.task.name}", "",
+             f"- stopped: {why} after {search.round} {_plural(search.round, 'round')} "
+             f"(wall time {wall_s / 60:.1f} min, all sessions)",
+             f"- device: {hardware_name(search.device)}",
+             f"- reference (s_0): {s0:.4g} ms; target r: {search.target:.4g} ms"]
+    lines.append("- " + best_summary(search.global_best, s0))
+    for name, u in search.state()["usage"].items():
+        if u:
+            lines.append(f"- LLM {name}: {u.get('calls', 0)} {_plural(u.get('calls', 0), 'call')}, "
+                         f"{u.get('prompt_tokens', 0):,} prompt + {u.get('completion_tokens', 0):,} output "
+                         f"tokens, {u.get('retries', 0)} retried")
+    watch = getattr(search, "llm_watch", None)
+    if watch is not None:
+        failures = sum(watch.by_class.values())
+        lines.append("- LLM failures: " + (", ".join(f"{k} {v}" for k, v in sorted(watch.by_class.items()))
+                                           if failures else "none"))
+        if watch.tokens:
+            lines.append("- tokens per island: " + ", ".join(
+                f"island {k} {v:,}" for k, v in sorted(watch.tokens.items(), key=lambda kv: int(kv[0]))))
+    lines.append("- evaluations: " + (", ".join(f"{k} {v}" for k, v in sorted(search.eval_counts.items()))
+                                      or "none") + f"; CPU/GPU seconds checking and timing: "
+                                                   f"{search.eval_seconds:.1f}")
+    events = rd.events()
+    if plot_progress(progress_data(events, s0), search.task.name, rd.path / "progress.png"):
+        lines += ["", "![every evaluation and the best so far per island](progress.png)"]
+    lines += ["", "## Islands", ""]
+    for island in search.islands:
+        best = island.best
+        lines.append(f"### Island {island.index}: best "
+                     + (f"{best.score:.4g} ms ({s0 / best.score:.3f}x), program `{best.id}`"
+                        if best else "none"))
+        lines += ["", "| generation | island best ms | speedup |", "|---:|---:|---:|"]
+        step = max(1, len(island.trajectory) // 25)
+        for g, ms in island.trajectory[::step] + island.trajectory[-1:] * (step > 1):
+            lines.append(f"| {g} | {ms:.4g} | {s0 / ms:.3f}x |")
+        if island.actions:
+            lines += ["", "Interventions (Algorithm 2):", ""]
+            for a in island.actions:
+                what = (f"backtrack to snapshot {a['restored_index']}" if a["action"] == "backtrack"
+                        else f"crossover with island {a['partner']}")
+                lines.append(f"- generation {a['generation']}: {what} (A_i={a['A_self']:.3f}, "
+                             f"weights " + ", ".join(f"{k}={v:.3f}" for k, v in a["weights"].items())
+                             + ")")
+        lines.append("")
+    path = rd.path / "report.md"
+    write_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def best_summary(best: dict | None, s0: float) -> str:
+    """One line on the best program: what beat the reference, or that nothing did."""
+    if not best:
+        return "no correct candidate yet"
+    if best["runtime_ms"] < s0:
+        return (f"**best: {best['runtime_ms']:.4g} ms, {best['speedup']:.3f}x the reference** "
+                f"(island {best['island']}, generation {best['generation']}, `best.py`)")
+    return (f"**nothing beat the reference ({s0:.4g} ms)**; the fastest correct candidate, "
+            f"{best['runtime_ms']:.4g} ms ({best['speedup']:.3f}x, slower), is in `best.py`")
+
+
+def progress_data(events: list[dict], s0: float) -> dict:
+    """What progress.png draws, from events.jsonl: every evaluation as a point, each island's best-so-far
+    speedup per generation, the interventions on their island's line."""
+    points, lines, marks = [], {}, []
+    for e in events:
+        if e.get("type") == "generation":
+            island, gen = e["island"], e["generation"]
+            attempts = e.get("attempts")
+            if attempts is None:   # older events: only the generation's last outcome
+                attempts = [{"status": e["outcome"], "score": e.get("runtime_ms")}] if e.get("outcome") else []
+            for a in attempts:
+                kind = ("correct" if a["status"] == "ok" and a.get("score") else
+                        "incorrect" if a["status"] == "incorrect" else "failed")
+                points.append({"island": island, "generation": gen, "kind": kind,
+                               "speedup": s0 / a["score"] if kind == "correct" else None})
+            if e.get("island_best_ms"):   # every line starts at generation 0, the reference
+                lines.setdefault(island, [(0, 1.0)]).append((gen, s0 / e["island_best_ms"]))
+        elif e.get("type") == "action":
+            marks.append({"island": e["island"], "generation": e["generation"], "action": e["action"]})
+    for m in marks:
+        y = dict(lines.get(m["island"], [])).get(m["generation"])
+        m["speedup"] = y if y is not None else 1.0
+    return {"points": points, "lines": lines, "interventions": marks, "reference": 1.0}
+
+
+def plot_progress(data: dict, title: str, path: Path) -> bool:
+    """Draw `progress_data` to a PNG; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except Exception:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    islands = sorted(set(data["lines"]) | {p["island"] for p in data["points"]})
+    n = max(1, len(islands))
+    ax.axhline(data["reference"], color="grey", linewidth=1, linestyle=":", label="reference (1.0x)",
+               zorder=1)
+    correct = [p for p in data["points"] if p["kind"] == "correct"]
+    floor = min([p["speedup"] for p in correct] + [data["reference"]]) * 0.9
+    for k, island in enumerate(islands):
+        colour = colours[k % len(colours)]
+        # coinciding lines stay apart: each island has its own style and a thinner line than the one
+        # below it; its points sit slightly to the side of the generation they belong to
+        dx = (k - (n - 1) / 2) * 0.3 / n
+        line = data["lines"].get(island, [])
+        if line:
+            ax.step([g for g, _ in line], [y for _, y in line], where="post", color=colour,
+                    linestyle=LINESTYLES[k % len(LINESTYLES)], linewidth=3.0 - 2.0 * k / n,
+                    label=f"island {island} best so far", zorder=3)
+        mine = [p for p in data["points"] if p["island"] == island]
+        ok = [p for p in mine if p["kind"] == "correct"]
+        ax.scatter([p["generation"] + dx for p in ok], [p["speedup"] for p in ok], s=18, color=colour,
+                   alpha=0.7)
+        for kind, marker in (("incorrect", "x"), ("failed", "|")):
+            bad = [p for p in mine if p["kind"] == kind]
+            if bad:
+                ax.scatter([p["generation"] + dx for p in bad], [floor] * len(bad), marker=marker, s=30,
+                           color=colour)
+        for m in data["interventions"]:
+            if m["island"] == island:
+                ax.plot(m["generation"], m["speedup"], MARKERS.get(m["action"], "o"), color=colour,
+                        markersize=11, markeredgecolor="black")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("generation")
+    ax.set_ylabel("speedup over the reference")
+    ax.set_title(f"{title}: dots correct, x incorrect (bottom row), | failed (bottom row); "
+                 "v backtrack, * crossover", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"

@@ -1,0 +1,169 @@
+"""Setting a run up: the device, the LLM clients, the evaluator, the reference's runtime s_0, a resume's record.
+
+    check_device(device, task)          # a missing GPU, with a hint that fits the task
+    main, cheap = make_clients(cfg)     # llm.Client for --model and --secondary-model
+    evaluator = make_evaluator(cfg, task, device, rd)   # worker logs in the run directory
+    s0 = measure_reference(evaluator, rd, task, cfg, device, say)   # within --reference-limit seconds
+
+Each problem a user can fix raises SetupError with one line saying what and how.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import llm
+import rundir as rundir_mod
+import tasks
+from cli import Config
+
+
+class SetupError(Exception):
+    """Something the user must provide or fix before a run can start; the message says what and how."""
+
+
+def new_run_dir(cfg: Config, task: tasks.Task, device: str) -> rundir_mod.RunDir:
+    """The run directory of a new run, with its reference copy and config.json."""
+    rd = rundir_mod.RunDir.create(Path(cfg.out) if cfg.out else None, task.name,
+                                  Path(cfg.eval_cache) if cfg.eval_cache else None)
+    cfg.out = str(rd.path)
+    rd.save_reference(task)
+    rd.write_config({"config": dataclasses.asdict(cfg), "task": rundir_mod.task_settings(task),
+                     "reference_sha256": rundir_mod.sha256(task.reference_src), "device": device,
+                     "hardware": rundir_mod.hardware_name(device), "versions": rundir_mod.versions(device),
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumes": []})
+    return rd
+
+
+def record_resume(rd: rundir_mod.RunDir, config: dict, cfg: Config, changes: dict, state: dict | None) -> None:
+    """Options changed on resume go into config.json (the new values, and a list of resumes) and events."""
+    at = state["round"] if state else 0
+    entry = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "round": at,
+             "changes": {k: {"from": old, "to": new} for k, (old, new) in changes.items()}}
+    config = dict(config, config=dataclasses.asdict(cfg), resumes=config.get("resumes", []) + [entry])
+    rd.write_config(config)
+    if state:
+        rd.truncate_events(state["events"])
+    elif rd.events_path.exists():
+        rd.truncate_events(0)   # interrupted before round 0: start the events again
+    rd.event("resume", **entry)
+    if state:
+        state["events"] = rd.events_written
+
+
+def check_device(device: str, task: tasks.Task) -> None:
+    if device != "cuda":
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    other = []
+    if task.name != "conv_groupnorm_small":
+        other.append("try the search on the CPU with `--task conv_groupnorm_small` (a small CPU task)")
+    if task.name not in tasks.names():   # built-in GPU tasks are too large for a CPU
+        other.append("run this problem on the CPU with `--device cpu` if it is small enough")
+    raise SetupError(
+        f"the task {task.name} runs on a CUDA GPU, but PyTorch sees none (torch {torch.__version__}, CUDA "
+        f"build: {torch.version.cuda or 'no'}). Run on a machine with an NVIDIA GPU and a CUDA build of "
+        "PyTorch" + (", or " + ", or ".join(other) if other else "") + ".")
+
+
+def make_clients(cfg: Config):
+    if not cfg.model and not cfg.base_url:
+        cfg.model = os.environ.get("PACEVOLVE_MODEL")
+    if not cfg.model:
+        raise SetupError(
+            "no LLM configured: pass --model (e.g. --model gemini-2.5-pro with GEMINI_API_KEY set, "
+            "--model gpt-5 with OPENAI_API_KEY, --model claude-sonnet-4-5 with ANTHROPIC_API_KEY), "
+            "or a local OpenAI-compatible server with --base-url http://localhost:8000/v1 --model NAME")
+    kw = {}
+    if cfg.temperature is not None:
+        kw["temperature"] = cfg.temperature
+    if cfg.max_output_tokens is not None:
+        kw["max_output_tokens"] = cfg.max_output_tokens
+    clients = []
+    for model in (cfg.model, cfg.secondary_model):
+        if not model:
+            clients.append(None)
+            continue
+        try:
+            clients.append(llm.Client.from_env(model, provider=cfg.provider, base_url=cfg.base_url, **kw))
+        except llm.AuthError as e:
+            raise SetupError(f"cannot set up the LLM client for {model!r}: {e}") from None
+        except ValueError:
+            raise SetupError(f"cannot tell which API serves the model {model!r}: pass --provider (openai, "
+                             "gemini or anthropic), or --base-url for an OpenAI-compatible server") from None
+    return clients[0], clients[1]
+
+
+def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.RunDir):
+    import evaluate_kernel
+    kw = {"device": device, "allow_tf32": cfg.allow_tf32, "log_dir": str(rd.logs)}
+    if device == "cuda" and cfg.gpus:
+        kw["gpus"] = [int(g) for g in cfg.gpus.split(",")]
+    kw.update({n: getattr(cfg, n) for n in ("rtol", "atol", "l2_tol") if getattr(cfg, n) is not None})
+    folder = rundir_mod.task_settings(task).get("file")
+    if folder:   # a problem file may import a module beside it
+        kw["import_dirs"] = [os.path.dirname(folder)]
+    try:
+        return evaluate_kernel.Evaluator.for_task(task, **kw)
+    except RuntimeError as e:
+        raise SetupError(f"the reference does not start on {device}: {_reference_problem(e)}") from None
+
+
+def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: Config, device: str,
+                      say) -> float:
+    """s_0: the reference built and run once on this device, within --reference-limit seconds; stored with
+    the evaluations for re-use."""
+    key = "baseline-" + hashlib.sha256(
+        "\0".join([task.reference_src, device, str(cfg.allow_tf32)]).encode()).hexdigest()[:16]
+    cached = rd.load_eval(key)
+    if cached:
+        return cached["baseline_ms"]
+    say(f"measuring the reference on {rundir_mod.hardware_name(device)} (limit {cfg.reference_limit:g} s) ...")
+    result: dict = {}
+
+    def measure():
+        try:
+            result["ms"] = evaluator.baseline_ms()
+        except Exception as e:   # reported below, on the main thread
+            result["error"] = e
+
+    worker = threading.Thread(target=measure, daemon=True)
+    t0 = time.time()
+    worker.start()
+    worker.join(cfg.reference_limit)
+    if worker.is_alive():
+        meant_for_gpu = device == "cpu" and task.device == "cuda" and task.name in tasks.names()
+        hint = " (this task is meant for a GPU)" if meant_for_gpu else "; raise --reference-limit if expected"
+        raise SetupError(f"the reference took longer than --reference-limit {cfg.reference_limit:g} s "
+                         f"on {rundir_mod.hardware_name(device)}{hint}")
+    if "error" in result:
+        raise SetupError(f"the reference does not run on {device}: {_reference_problem(result['error'])}")
+    ms = result["ms"]
+    # peak memory when the evaluator reports it (an optional `baseline_info() -> {"peak_bytes": ...}`)
+    info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
+    peak = f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB" if info.get("peak_bytes") else ""
+    say(f"reference: {ms:.4g} ms per call{peak} (measured in {time.time() - t0:.1f} s)")
+    rd.store_eval(key, {"baseline_ms": ms})
+    return ms
+
+
+def _reference_problem(err: Exception) -> str:
+    """One line from the reference worker's error: a missing module by name, else the error itself."""
+    text = str(err)
+    missing = re.search(r"No module named '([^']+)'", text)
+    if missing:
+        return (f"it imports {missing.group(1)!r}, which is not installed here (pip install it, or put the "
+                "module beside the problem file)")
+    text = text.removeprefix("the reference itself failed to run: ")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "Traceback (most recent call last)" in text:   # the exception is the traceback's last line
+        lines = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)][-1:] or lines
+    line = " ".join(lines[:1]) or type(err).__name__
+    return line[:300] + (" ..." if len(line) > 300 else "")
