@@ -178,8 +178,10 @@ def _generate_ideas(g: _Generation) -> tuple[list[str], Choice | None, bool]:
     """Alg. 1 line 2, with the choice of line 11. Returns the proposals, the choice (None when the reply
     has none) and whether the LLM call failed."""
     ids = g.pool.ids()
+    # the reference is shown while it is the parent; later the parent's code comes with the implementation
     fields = dict(task=g.task.name, background=g.task.brief or g.task.background,
-                  reference=code_block(g.task.reference, "Reference program (`Model` is the function to reproduce):"),
+                  reference=code_block(g.task.reference if g.parent.is_reference else "",
+                                       "Reference program (`Model` is the function to reproduce):"),
                   parent=_parent_text(g), dropped=render_dropped(g.log), n=g.cfg.n_proposals,
                   count=plural(g.cfg.n_proposals, "idea") + ", then the choice",
                   novelty=(" At least one idea must lie outside every existing idea."

@@ -273,16 +273,23 @@ def _render_pool(pool: IdeaPool, shown: dict[int, int], records: bool) -> str:
 
 
 def render_dropped(log: GlobalLog, limit: int = 10) -> str:
-    """Returns the most recently dropped ideas (whole), so they are not proposed again."""
+    """Returns the most recently dropped ideas (whole, each description once), so they are not proposed
+    again."""
     if not log.pruned:
         return ""
-    older = len(log.pruned) - limit
+    seen: dict[str, list[Idea]] = {}
+    for idea in log.pruned:
+        seen.setdefault(" ".join(idea.description.lower().split()), []).append(idea)
+    groups = list(seen.values())
     lines = ["", "Dropped ideas (do not propose them again without a new angle):"]
-    if older > 0:
-        lines.append(f"({plural(older, 'older dropped idea')} not shown)")
-    for idea in log.pruned[-limit:]:
-        extra = f"; findings: {idea.summary}" if idea.summary else ""
-        lines.append(f"- {idea.description} (best: {idea.best_metric or 'none'}{extra})")
+    if len(groups) > limit:
+        lines.append(f"({plural(len(groups) - limit, 'older dropped idea')} not shown)")
+    for ideas in groups[-limit:]:
+        best = min((i for i in ideas if i.best_score is not None), key=lambda i: i.best_score, default=None)
+        findings = "; ".join(dict.fromkeys(i.summary for i in ideas if i.summary))
+        times = f", dropped {len(ideas)} times" if len(ideas) > 1 else ""
+        lines.append(f"- {ideas[-1].description} (best: {best.best_metric if best else 'none'}{times}"
+                     + (f"; findings: {findings}" if findings else "") + ")")
     return "\n".join(lines) + "\n"
 
 

@@ -348,7 +348,7 @@ class Search:
         raise KeyError(pid)
 
     def _metric_text(self, ms: float) -> str:
-        return f"{ms:.4g} ms, {self.s0 / ms:.3f}x the speed of the PyTorch reference ({self.s0:.4g} ms)"
+        return f"{ms:.4g} ms, {self.s0 / ms:.3f}x the reference's speed"
 
     def _execute(self, src: str) -> hcm.Outcome:
         """The evaluation callback HCM calls: cached by source, stored the moment it finishes."""

@@ -7,10 +7,10 @@ CUDA kernel from tests/kernels/ with a tag added, so prompts carry code of the s
 Settings make every mechanism fire: K_idea 4, K_hyp 2, freeze 2, eps_rel 0.9, one program in four fails
 (repairs).
 
-    python3 scripts/hcm_efficiency.py                        # this checkout
+    python3 scripts/hcm_efficiency.py                        # this checkout, seeds 0-9
     python3 scripts/hcm_efficiency.py --repo /tmp/pristine   # another checkout's hcm.py/run.py/fake_llm.py
 
-Prints per model: calls, prompt characters, calls and characters per evaluated candidate, calls per kind;
+Prints totals over the seeds, per model: calls, prompt characters, calls and characters per evaluated candidate, calls per kind;
 the mechanisms that fired; and how many prompts carry the same fenced code block twice.
 """
 from __future__ import annotations
@@ -31,17 +31,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repo", default=str(HERE), help="checkout whose hcm.py, run.py and tests/fake_llm.py run")
     ap.add_argument("--generations", type=int, default=12)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="comma-separated seeds; figures are totals over them")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     sys.path[:0] = [args.repo, str(Path(args.repo) / "tests")]
-    figures = measure(args.generations, args.seed)
+    figures = measure(args.generations, [int(x) for x in args.seeds.split(",")])
     print(report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
 
 
-def measure(generations: int, seed: int) -> dict:
+def measure(generations: int, seeds: list[int]) -> dict:
+    """Returns the figures of one scripted search per seed, added up."""
+    runs = [measure_one(generations, seed) for seed in seeds]
+    out = {"generations": generations, "islands": 2, "seeds": seeds,
+           "evaluated": sum(r["evaluated"] for r in runs), "models": {}}
+    for name in ("main", "secondary"):
+        calls = sum(r["models"][name]["calls"] for r in runs)
+        chars = sum(r["models"][name]["prompt_chars"] for r in runs)
+        kinds = collections.Counter()
+        for r in runs:
+            kinds.update(r["models"][name]["kinds"])
+        out["models"][name] = {"calls": calls, "prompt_chars": chars, "calls_per_eval": calls / out["evaluated"],
+                               "chars_per_eval": chars / out["evaluated"],
+                               "max_prompt_chars": max(r["models"][name]["max_prompt_chars"] for r in runs),
+                               "kinds": dict(kinds)}
+    out["calls_per_eval"] = sum(m["calls"] for m in out["models"].values()) / out["evaluated"]
+    out["mechanisms"] = dict(sum((collections.Counter(r["mechanisms"]) for r in runs), collections.Counter()))
+    out["mechanisms"] = {k: out["mechanisms"].get(k, 0) for k in runs[0]["mechanisms"]}
+    out["prompts_with_repeated_code"] = sum(r["prompts_with_repeated_code"] for r in runs)
+    return out
+
+
+def measure_one(generations: int, seed: int) -> dict:
     import hcm
     import run
     import tasks
@@ -124,7 +146,7 @@ def _repeats_code(prompt: str) -> bool:
 
 
 def report(f: dict) -> str:
-    lines = [f"{f['islands']} islands x {f['generations']} generations, seed {f['seed']}: "
+    lines = [f"{f['islands']} islands x {f['generations']} generations, seeds {f['seeds']}: "
              f"{f['evaluated']} evaluated candidates, {f['calls_per_eval']:.2f} LLM calls per evaluated candidate"]
     for name, m in f["models"].items():
         lines.append(f"  {name:<9} {m['calls']:4d} calls ({m['calls_per_eval']:.2f}/eval), "
