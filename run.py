@@ -446,7 +446,7 @@ class Search:
             record.update(action="backtrack", restored_index=k, ideas=len(island.pool.ideas))
         else:                                                                   # line 29
             partner = self.islands[action]
-            given = min(partner.elites + [partner.best], key=lambda p: p.score)   # the partner's best
+            given = min([partner.best] + partner.elites, key=lambda p: p.score)   # the partner's best
             island.forced_parent = given.id
             if all(p.id != given.id for p in island.elites):
                 island.elites = sorted(island.elites + [given], key=lambda p: p.score)
