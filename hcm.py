@@ -105,6 +105,7 @@ class GenerationResult:
     attempts: list[dict] = field(default_factory=list)   # every evaluation: program_id + Outcome fields
     strong_calls: int = 0
     cheap_calls: int = 0
+    calls: dict[str, int] = field(default_factory=dict)   # LLM calls by prompt kind, reminders included
     events: list[str] = field(default_factory=list)
 
     @property
@@ -129,7 +130,7 @@ def run_generation(pool: IdeaPool, log: GlobalLog, *, task: TaskContext, parent:
     try:
         _run(_Generation(pool, log, task, parent, config, caller, result.events), execute, result)
     finally:
-        result.strong_calls, result.cheap_calls = caller.strong, caller.cheap
+        result.strong_calls, result.cheap_calls, result.calls = caller.strong, caller.cheap, caller.kinds
     return result
 
 
@@ -496,6 +497,7 @@ class _Caller:
     def __init__(self, llm: LLM, cheap_llm: LLM | None, retries: int, events: list[str]):
         self.llm, self.cheap_llm, self.retries, self.events = llm, cheap_llm, retries, events
         self.strong = self.cheap = 0
+        self.kinds: dict[str, int] = {}
 
     def ask(self, prompt: str, parse: Callable[[str], tuple[object, str]], cheap: bool = False) -> _Reply:
         fn = self.cheap_llm if cheap and self.cheap_llm is not None else self.llm
@@ -505,6 +507,7 @@ class _Caller:
                 self.strong += 1
             else:
                 self.cheap += 1
+            self.kinds[prompt_kind(prompt)] = self.kinds.get(prompt_kind(prompt), 0) + 1
             try:
                 text = fn(prompt if attempt == 0 else prompt + REMINDER.format(reason=reason))
             except Exception as exc:  # any client failure is a recorded failure, never a crash

@@ -419,7 +419,7 @@ class Search:
                           status=gen.status, outcome=outcome.status if outcome else None,
                           message=(outcome.message[:300] if outcome else ""),
                           runtime_ms=score, program=pid, r_t=r_t, momentum=island.momentum.value,
-                          island_best_ms=island.momentum.best, llm_calls=gen.llm_calls,
+                          island_best_ms=island.momentum.best, llm_calls=gen.llm_calls, calls=gen.calls,
                           notes=gen.events)
         self._progress(island, gen, score)
 

@@ -135,6 +135,7 @@ def test_calls_per_generation_by_kind_and_model():
     # three proposals, one classification call; a dissimilar log entry costs no duplicate check
     assert strong.kinds == ["idea_generation", "implementation"] and cheap.kinds == ["classification"]
     assert (r.strong_calls, r.cheap_calls) == (2, 1) and r.status == "evaluated"
+    assert r.calls == {"idea_generation": 1, "classification": 1, "implementation": 1}
     prompt = cheap.prompts[0]
     assert all(f"Proposal {k}: " in prompt for k in (1, 2, 3)) and "3 sections" in prompt
     assert [i.description for i in pool.ideas] == ["Fuse the tail", "Tile, channels-last",
