@@ -135,6 +135,7 @@ def run_generation(pool: IdeaPool, log: GlobalLog, *, task: TaskContext, parent:
 
 
 def _run(g: _Generation, execute, result: GenerationResult) -> None:
+    """One generation, step by step in the order of Algorithm 1."""
     proposals, choice, failed = _generate_ideas(g)                      # line 2
     placed = _classify(g, proposals)                                     # lines 3-10
     if not g.pool.ideas:
@@ -211,7 +212,8 @@ def _classify(g: _Generation, proposals: list[str]) -> dict[int, int]:
         bad = [k for k, c in found.items() if c.exists and c.idea_id not in ids]
         missing = [k for k in range(1, n + 1) if k not in found]
         if bad:
-            return None, f"proposal {bad[0]} names idea {found[bad[0]].idea_id}, not in the repository (valid ids: {ids})"
+            k = bad[0]
+            return None, f"proposal {k} names idea {found[k].idea_id}, not in the repository (valid ids: {ids})"
         if missing:
             return None, f"no classification for proposal {', '.join(map(str, missing))}"
         return found, ""
@@ -527,7 +529,9 @@ def _execute(execute, program: str) -> Outcome:
         out = execute(program)
     except Exception as exc:  # the caller's evaluator broke: a recorded failure, not a crash
         return Outcome("execute_error", message=f"{type(exc).__name__}: {_short(exc, 300)}")
-    return out if isinstance(out, Outcome) else Outcome("execute_error", message=f"execute returned {type(out).__name__}")
+    if isinstance(out, Outcome):
+        return out
+    return Outcome("execute_error", message=f"execute returned {type(out).__name__}")
 
 
 def _one_liner(outcome: Outcome) -> str:

@@ -1,4 +1,4 @@
-"""LLM calls and prompt characters per evaluated candidate of a scripted search (no GPU, no LLM, ~10 s).
+"""LLM calls and prompt characters per evaluated candidate of a scripted search (no GPU, no LLM, about a minute).
 
 Runs run.Search in-process: two islands of conv_groupnorm_small, the rule-based fake LLM (tests/fake_llm.py)
 as both the main and the secondary model (two instances, so they are counted apart), and an instant fake
@@ -10,7 +10,8 @@ Settings make every mechanism fire: K_idea 4, K_hyp 2, freeze 2, eps_rel 0.9, on
     python3 scripts/hcm_efficiency.py                        # this checkout, seeds 0-9
     python3 scripts/hcm_efficiency.py --repo /tmp/pristine   # another checkout's hcm.py/run.py/fake_llm.py
 
-Prints totals over the seeds, per model: calls, prompt characters, calls and characters per evaluated candidate, calls per kind;
+Prints totals over the seeds, per model: calls, prompt characters, calls and characters per evaluated
+candidate, calls per kind;
 the mechanisms that fired; and how many prompts carry the same fenced code block twice.
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repo", default=str(HERE), help="checkout whose hcm.py, run.py and tests/fake_llm.py run")
     ap.add_argument("--generations", type=int, default=12)
-    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="comma-separated seeds; figures are totals over them")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9",
+                    help="comma-separated seeds; figures are totals over them")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     sys.path[:0] = [args.repo, str(Path(args.repo) / "tests")]
@@ -151,7 +153,8 @@ def report(f: dict) -> str:
     for name, m in f["models"].items():
         lines.append(f"  {name:<9} {m['calls']:4d} calls ({m['calls_per_eval']:.2f}/eval), "
                      f"{m['prompt_chars']:,} prompt chars ({m['chars_per_eval']:,.0f}/eval, "
-                     f"largest {m['max_prompt_chars']:,}); " + ", ".join(f"{k} {v}" for k, v in sorted(m['kinds'].items())))
+                     f"largest {m['max_prompt_chars']:,}); "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(m['kinds'].items())))
     lines.append("  mechanisms: " + ", ".join(f"{k} {v}" for k, v in f["mechanisms"].items()))
     lines.append(f"  prompts carrying a code block twice: {f['prompts_with_repeated_code']}")
     return "\n".join(lines)
