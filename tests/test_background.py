@@ -1,6 +1,8 @@
 """Tests for background.py: prompts written for the device the task runs on (pure: facts in, text out)."""
 from __future__ import annotations
 
+import pytest
+
 import background
 
 GPU_INFO = {"device_name": "NVIDIA H200", "capability": [9, 0], "sms": 132, "total_mem": 150_000_000_000,
@@ -52,3 +54,15 @@ def test_cpu_facts_read_this_machine():
     assert facts["isa"] is None or all(f in background.CPU_FEATURES for f in facts["isa"])
     flags = background.load_inline_cflags()
     assert flags is None or ("-std=" in flags and "-isystem" not in flags and "TORCH_EXTENSION_NAME" not in flags)
+
+
+@pytest.mark.gpu
+def test_gpu_background_from_this_gpu():
+    import torch
+
+    import evaluate_kernel
+    info = evaluate_kernel._device_info(torch.device("cuda"))     # what the evaluator's devices[0].info holds
+    text = background.kernel_background(background.gpu_facts(info), "x")
+    props = torch.cuda.get_device_properties(0)
+    assert props.name in text and f"{props.multi_processor_count} SMs" in text
+    assert f"compute capability {props.major}.{props.minor}" in text and "MiB L2 cache" in text
