@@ -226,7 +226,7 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 
 def code_block(src: str, label: str) -> str:
     """Returns a labelled python block, or "" for no source."""
-    return f"{label}\n```python\n{src.strip()}\n```\n" if src.strip() else ""
+    return f"\n{label}\n```python\n{src.strip()}\n```\n" if src.strip() else ""
 
 
 def drop_example(n: int) -> str:

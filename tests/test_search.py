@@ -148,6 +148,8 @@ def test_crossover_takes_the_partner_program_and_ideas(tmp_path):
     advance(search, 1)
     lagging, leader = search.islands
     leader.best = run.Program(search.rundir.save_program(PROGRAMS[0]), 2.0)   # A = 0.9
+    leader.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    leader.momentum.update(2.0)
     lagging.best, lagging.elites = None, []
     lagging.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
     lagging.momentum.update(None)                                            # stagnant
