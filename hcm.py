@@ -230,10 +230,10 @@ def _classify(g: _Generation, proposals: list[str]) -> dict[int, int]:
             idea.description = c.description or idea.description
             g.events.append(f"merged proposal {k} into idea {idea.id}: {proposal}")
         else:
-            desc = c.description if c is not None and not c.exists else proposal
-            idea = g.pool.add(desc)
-            g.events.append(f"new idea {idea.id}" + ("" if c is not None else " (classification failed: kept as new)")
-                            + f": {desc}")
+            answered = c is not None and not c.exists
+            idea = g.pool.add(c.description if answered else proposal)
+            g.events.append(f"new idea {idea.id}" + ("" if answered else " (classification failed: kept as new)")
+                            + f": {idea.description}")
         placed[k] = idea.id
     return placed
 
