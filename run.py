@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import background
 import cli
 import crossover
 import hcm
@@ -63,6 +64,7 @@ TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
 EXIT_LLM_FAILURES = 3
 EXIT_INTERRUPTED = 130
 _hardware_name = rundir_mod.hardware_name
+REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
 
 
 # ----------------------------------------------------------------------------- islands
@@ -151,13 +153,14 @@ class Search:
         self._inflight: dict[str, threading.Event] = {}
         self.hcm_config = hcm.HCMConfig(n_proposals=cfg.proposals, k_idea=cfg.k_idea,
                                         k_hyp=cfg.k_hyp, max_repairs=cfg.repairs)
-        background = hcm.kernel_background(task_description=task.description,
-                                           hardware=_hardware_name(device),
-                                           reference_src=task.reference_src)
+        facts = background.device_facts(evaluator, device)
+        text = background.kernel_background(facts, task.description)
+        brief = background.kernel_brief(facts, task.description)
         # Each island names itself in its prompts: islands start from the same empty state, and with a
         # deterministic LLM (temperature 0, a local server) identical prompts would make them clones.
-        self.contexts = [hcm.TaskContext(name=f"{task.name} (search island {i + 1} of {cfg.islands})",
-                                         background=background) for i in range(cfg.islands)]
+        self.contexts = [hcm.TaskContext(name=f"{task.name} (island {i} of islands 0-{cfg.islands - 1})",
+                                         background=text, brief=brief, reference=task.reference_src)
+                         for i in range(cfg.islands)]
         self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)]
                                       + _tolerance_key(cfg))
 
@@ -165,27 +168,33 @@ class Search:
         island = Island(index=i, rng=random.Random(f"{self.cfg.seed}:{i}"),
                         momentum=momentum.Momentum(self.s0, self.target, beta=self.cfg.beta,
                                                    threshold=self.cfg.eps_rel))
+        island.elites.append(Program(REFERENCE, self.s0))  # the reference competes as a parent
         island.snapshots.append(island.restore_point())   # restore point 0: the empty start
         return island
 
     # -- one generation of one island (runs in a worker thread) --------------------------------
 
     def _parent(self, island: Island) -> hcm.Parent:
-        """Tournament selection among the island's best programs; the reference when it has none."""
-        pid = island.forced_parent
-        if pid is None and island.elites:
-            top = island.elites[:TOURNAMENT_TOP_K]
-            picks = island.rng.sample(top, min(TOURNAMENT_SIZE, len(top)))
-            pid = min(picks, key=lambda p: p.score).id
+        """Tournament selection among the island's best programs, the reference among them, unless a
+        crossover forced the parent. The prompt also states the island's best when it is another program."""
+        pid, role = island.forced_parent, "parent, taken from another island by crossover"
         if pid is None:
-            return hcm.Parent(source=self.task.reference_src, metric=(
-                f"this is the PyTorch reference itself (class Model): {self.s0:.4g} ms. "
-                f"Your program must define ModelNew."), program_id=None)
+            top = island.elites[:TOURNAMENT_TOP_K] or [Program(REFERENCE, self.s0)]
+            picks = island.rng.sample(top, min(TOURNAMENT_SIZE, len(top)))
+            pid, role = min(picks, key=lambda p: p.score).id, "parent, chosen by tournament"
+        best = min(island.elites + ([island.best] if island.best else []), key=lambda p: p.score,
+                   default=Program(REFERENCE, self.s0))
         score = self._score_of(pid)
-        return hcm.Parent(source=self.rundir.program(pid), program_id=pid,
-                          metric=self._metric_text(score))
+        other = best.id != pid and best.score < score
+        return hcm.Parent(source=self.task.reference_src if pid == REFERENCE else self.rundir.program(pid),
+                          metric=self._metric_text(score), program_id=None if pid == REFERENCE else pid,
+                          role=role, is_reference=pid == REFERENCE,
+                          best=self._metric_text(best.score) if other else "",
+                          best_program_id=best.id if other and best.id != REFERENCE else None)
 
     def _score_of(self, pid: str) -> float:
+        if pid == REFERENCE:
+            return self.s0
         for island in self.islands:
             for p in island.elites + ([island.best] if island.best else []):
                 if p.id == pid:
@@ -193,7 +202,7 @@ class Search:
         raise KeyError(pid)
 
     def _metric_text(self, ms: float) -> str:
-        return f"{ms:.4g} ms, {self.s0 / ms:.3f}x the speed of the PyTorch reference ({self.s0:.4g} ms)"
+        return f"{ms:.4g} ms, {self.s0 / ms:.3f}x the reference's speed"
 
     def _execute(self, src: str) -> hcm.Outcome:
         """The evaluation callback HCM calls: cached by source, stored the moment it finishes."""
@@ -266,7 +275,7 @@ class Search:
                           status=gen.status, outcome=outcome.status if outcome else None,
                           message=(outcome.message[:300] if outcome else ""),
                           runtime_ms=score, program=pid, r_t=r_t, momentum=island.momentum.value,
-                          island_best_ms=island.momentum.best, llm_calls=gen.llm_calls,
+                          island_best_ms=island.momentum.best, llm_calls=gen.llm_calls, calls=gen.calls,
                           attempts=[{"status": a["status"], "score": a.get("score")} for a in gen.attempts],
                           llm_failures=_llm_failures(gen.events), notes=gen.events)
         self._progress(island, gen, score)
@@ -286,20 +295,24 @@ class Search:
         if action == crossover.BACKTRACK:                                       # line 27
             k = momentum.power_law_index(len(island.snapshots), self.cfg.alpha, island.rng)
             point = island.snapshots[k]
+            next_id = island.pool.next_id     # ids are never reused: the counter is not rolled back
             island.pool = hcm.IdeaPool.from_dict(point["pool"])
+            island.pool.next_id = max(next_id, island.pool.next_id)
             island.elites = [Program(**p) for p in point["elites"]]
             island.snapshots.append(island.restore_point())
             record.update(action="backtrack", restored_index=k, ideas=len(island.pool.ideas))
         else:                                                                   # line 29
             partner = self.islands[action]
-            island.forced_parent = partner.best.id
-            if all(p.id != partner.best.id for p in island.elites):
-                island.elites = sorted(island.elites + [partner.best], key=lambda p: p.score)
-            merged = hcm.merge_pools(island.pool, partner.pool)
+            given = min([partner.best] + partner.elites, key=lambda p: p.score)   # the partner's best
+            island.forced_parent = given.id
+            if all(p.id != given.id for p in island.elites):
+                island.elites = sorted(island.elites + [given], key=lambda p: p.score)
+            merged = hcm.merge_pools(island.pool, partner.pool, src_name=f"island {partner.index}",
+                                     dst_name=f"island {island.index}")
             notes = hcm.prune_pool(island.pool, island.log,
                                    llm=self.llm_watch.wrap(self.llm_cheap or self.llm_main, island.index),
                                    config=self.hcm_config, task=self.contexts[island.index])
-            record.update(action="crossover", partner=action, parent=partner.best.id,
+            record.update(action="crossover", partner=action, parent=given.id,
                           merged_ideas=merged, pruned=notes)
         island.momentum.reset()
         island.since_action = 0
@@ -341,8 +354,9 @@ class Search:
                     self.checkpoint()
                     return (f"stopped: {self.llm_watch.limit} LLM calls in a row failed (last: "
                             f"{self.llm_watch.last_error})")
-                for island in self.islands:
-                    self._intervene(island)
+                if self.round < self.cfg.generations:   # after an island's last generation nothing can change
+                    for island in self.islands:
+                        self._intervene(island)
                 self.checkpoint()
         finally:
             # on Ctrl-C, do not wait for the round in flight: its evaluations are already stored
@@ -405,7 +419,7 @@ class Search:
             result += (f" [{len(failed)} LLM call{'s' * (len(failed) > 1)} failed: "
                        f"{', '.join(sorted(set(failed)))}]")
         best = island.momentum.best
-        glob = self.global_best["speedup"] if self.global_best else 1.0
+        glob = max(1.0, self.global_best["speedup"] if self.global_best else 1.0)   # the reference is 1.00x
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"
                   f" island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
                   f"m={island.momentum.value:.3f}  tokens {self.tokens():,}")

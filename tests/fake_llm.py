@@ -2,7 +2,8 @@
 
 ScriptedLLM replays canned replies in order and records the prompts it received (unit tests).
 RuleBasedLLM answers every HCM prompt kind (see hcm.prompt_kind) in the right format, deterministically
-from a hash of the prompt text and a seed, with no state between calls: several islands (threads) can
+from a hash of the prompt text and a seed (experiments are drawn from a list of realistic changes and
+parameters, so some resemble logged ones and some do not), with no state between calls: several islands (threads) can
 share one instance, or one behind an HTTP server, and runs stay reproducible.
 """
 from __future__ import annotations
@@ -90,16 +91,28 @@ class RuleBasedLLM:
         for k in range(n):
             idea = _DIRECTIONS[(start + k) % len(_DIRECTIONS)]
             parts.append(f"**Idea {k + 1}**\nIdea: {idea}.\nReasoning: it removes memory traffic.\n")
+        ids = [int(x) for x in re.findall(r"\d+", m.group(1))] if (m := re.search(r"\(ids: ([\d, ]+)\)", prompt)) else []
+        pick = self._h(prompt, "choice") % (n + len(ids))
+        choice = f"proposal {pick + 1}" if pick < n else f"idea {ids[pick - n]}"
+        parts.append(f"Choice: {choice}\nExperiment: {self._experiment(prompt)}\n")
         return "\n".join(parts)
+
+    def _experiment(self, prompt: str) -> str:
+        h = self._h(prompt, "experiment")
+        return (f"{_CHANGES[h % len(_CHANGES)]}, with {_PARAMETERS[(h // 7) % len(_PARAMETERS)]}")
 
     def _classification(self, prompt: str) -> str:
         ids = _pool_ids(prompt)
-        proposal = prompt.split("A new proposal:", 1)[-1].split("## Your task", 1)[0].strip()
-        if ids and self._h(prompt) % 2 == 0:
-            idea_id = ids[self._h(prompt, "id") % len(ids)]
-            return (f"Idea Exists: True\nIdea ID: {idea_id}\n"
-                    f"Updated description: {proposal[:200] or 'refined idea'}")
-        return f"Idea Exists: False\nIdea description: {proposal[:200] or 'a new idea'}"
+        proposals = re.findall(r"^Proposal (\d+): (.*)$", prompt, re.M)
+        parts = []
+        for k, proposal in proposals:
+            parts.append(f"Proposal {k}")
+            if ids and self._h(prompt, k) % 2 == 0:
+                idea_id = ids[self._h(prompt, "id" + k) % len(ids)]
+                parts.append(f"Idea Exists: True\nIdea ID: {idea_id}\nUpdated description: {proposal[:200]}\n")
+            else:
+                parts.append(f"Idea Exists: False\nIdea description: {proposal[:200] or 'a new idea'}\n")
+        return "\n".join(parts) or "Idea Exists: False\nIdea description: a new idea"
 
     def _program(self, prompt: str) -> str:
         program = self.programs[self._h(prompt, "program") % len(self.programs)].strip()
@@ -108,10 +121,11 @@ class RuleBasedLLM:
     def _selection(self, prompt: str) -> str:
         m = re.search(r"valid idea ids: ([\d, ]+)", prompt)
         ids = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else _pool_ids(prompt) or [1]
-        h = self._h(prompt)
-        idea_id = ids[h % len(ids)]
-        return (f"Idea ID: {idea_id}\nExperiment: variant {h % 10007} of idea {idea_id}\n\n"
-                f"```python\n{self._program(prompt)}\n```\n")
+        idea_id = ids[self._h(prompt) % len(ids)]
+        return f"Idea ID: {idea_id}\nExperiment: {self._experiment(prompt)}\n"
+
+    def _implementation(self, prompt: str) -> str:
+        return f"Here is the program.\n\n```python\n{self._program(prompt)}\n```\n"
 
     def _repair(self, prompt: str) -> str:
         return f"The failure comes from the kernel launch.\n\n```python\n{self._program(prompt)}\n```\n"
@@ -130,6 +144,22 @@ class RuleBasedLLM:
     def _unknown(self, prompt: str) -> str:
         # Not an HCM prompt (e.g. a caller's own): answer with a program so code extraction still works.
         return f"Here is a program.\n\n```python\n{self._program(prompt)}\n```\n"
+
+
+_CHANGES = [
+    "Fuse GroupNorm's statistics pass into the convolution epilogue",
+    "Replace the shared-memory reduction with warp shuffles",
+    "Load the input through float4 vector loads",
+    "Process two samples per thread block",
+    "Precompute the per-channel affine scale and shift once per forward",
+    "Unroll the innermost channel loop",
+    "Keep the LogSumExp running maximum in registers",
+    "Store the conv output in channels-last order",
+    "Move the HardSwish and Tanh into one fused elementwise pass",
+    "Cache the conv weights in shared memory",
+]
+_PARAMETERS = ["block size 128", "block size 256", "block size 512", "an unroll factor of 4",
+               "an unroll factor of 8", "one warp per group", "two warps per group", "a tile of 32 x 8"]
 
 
 def _pool_ids(prompt: str) -> list[int]:

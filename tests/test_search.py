@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -65,9 +66,21 @@ def make_search(tmp_path, islands=2, seed=0, **overrides):
     return search
 
 
-def advance(search, rounds):
+def advance(search, rounds, each_round=None):
+    """Runs `rounds` more rounds; `each_round()` runs after every round's checkpoint."""
     search.cfg.generations = search.round + rounds
-    return search.run()
+    if each_round is not None:
+        checkpoint = search.checkpoint
+
+        def hooked():
+            checkpoint()
+            each_round()
+
+        search.checkpoint = hooked
+    try:
+        return search.run()
+    finally:
+        search.__dict__.pop("checkpoint", None)
 
 
 def events(search, kind):
@@ -77,12 +90,12 @@ def events(search, kind):
 
 def test_invariants_hold_round_after_round(tmp_path):
     search = make_search(tmp_path, islands=2, seed=1)
-    best_global, bests, tried = float("inf"), [float("inf")] * 2, [0, 0]
-    for _ in range(10):
-        advance(search, 1)
+    best_global, bests, tried = [float("inf")], [float("inf")] * 2, [0, 0]
+
+    def check():
         gb = search.global_best["runtime_ms"] if search.global_best else float("inf")
-        assert gb <= best_global                        # the global best is never rolled back
-        best_global = gb
+        assert gb <= best_global[0]                     # the global best is never rolled back
+        best_global[0] = gb
         for island in search.islands:
             best = island.best.score if island.best else float("inf")
             assert best <= bests[island.index]           # nor an island's best ever
@@ -91,6 +104,9 @@ def test_invariants_hold_round_after_round(tmp_path):
             tried[island.index] = len(island.log.tried)
             assert len(island.snapshots) >= island.generation + 1
             assert 0.0 <= island.momentum.value <= 1.0
+            assert island.elites and island.elites[0].score <= search.s0   # the reference competes
+
+    advance(search, 10, check)
     assert len(events(search, "generation")) == 20
     assert events(search, "action")                     # eps 0.9, freeze 2: interventions happen
 
@@ -106,19 +122,22 @@ def test_backtrack_restores_an_earlier_snapshot(tmp_path):
         return k
 
     run.momentum.power_law_index = spy
+    seen = [0]
+
+    def check():
+        island = search.islands[0]
+        if len(island.actions) > seen[0]:
+            seen[0] = len(island.actions)
+            k, point = restored[-1]
+            action = island.actions[-1]
+            assert action["action"] == "backtrack" and action["restored_index"] == k
+            restored_pool = {**point["pool"], "next_id": island.pool.next_id}   # ids are never reused
+            assert island.pool.to_dict() == restored_pool and island.pool.next_id >= point["pool"]["next_id"]
+            assert [p.__dict__ for p in island.elites] == point["elites"]
+            assert island.momentum.value == 1.0 and island.since_action == 0
+
     try:
-        for _ in range(8):
-            before = len(search.islands[0].actions)
-            advance(search, 1)
-            island = search.islands[0]
-            if len(island.actions) > before:
-                k, point = restored[-1]
-                action = island.actions[-1]
-                assert action["action"] == "backtrack" and action["restored_index"] == k
-                assert island.pool.to_dict() == point["pool"]
-                assert [p.__dict__ for p in island.elites] == point["elites"]
-                assert island.momentum.value == 1.0 and island.since_action == 0
-                assert island.snapshots[-1]["pool"] == point["pool"]
+        advance(search, 8, check)
     finally:
         run.momentum.power_law_index = original
     assert restored, "no backtrack happened"
@@ -129,6 +148,8 @@ def test_crossover_takes_the_partner_program_and_ideas(tmp_path):
     advance(search, 1)
     lagging, leader = search.islands
     leader.best = run.Program(search.rundir.save_program(PROGRAMS[0]), 2.0)   # A = 0.9
+    leader.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    leader.momentum.update(2.0)
     lagging.best, lagging.elites = None, []
     lagging.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
     lagging.momentum.update(None)                                            # stagnant
@@ -210,3 +231,100 @@ def test_report_is_written(tmp_path):
     text = path.read_text()
     assert "Island 0" in text and "Island 1" in text and "| generation |" in text
     assert (search.rundir.path / "best.py").read_text().startswith("# pacevolve best")
+
+
+class RecordingLLM(CountingLLM):
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.prompts = []
+
+    def __call__(self, prompt):
+        self.prompts.append(prompt)
+        return super().__call__(prompt)
+
+
+def test_the_reference_is_a_parent_while_it_is_the_island_best(tmp_path):
+    search = make_search(tmp_path, islands=1, seed=11)
+    island = search.islands[0]
+    assert [p.id for p in island.elites] == [run.REFERENCE]            # generation 0's program
+    parent = search._parent(island)
+    assert parent.is_reference and parent.source == search.task.reference_src and parent.best == ""
+    assert parent.role == "parent, chosen by tournament" and "1.000x" in parent.metric
+    slow = search.rundir.save_program(PROGRAMS[2])
+    island.elites = sorted(island.elites + [run.Program(slow, 40.0)], key=lambda p: p.score)   # 0.5x
+    for _ in range(5):                                                 # both are drawn: the faster wins
+        assert search._parent(island).is_reference
+    fast = search.rundir.save_program(PROGRAMS[0])
+    island.elites = sorted(island.elites + [run.Program(fast, 2.0)], key=lambda p: p.score)
+    parents = [search._parent(island) for _ in range(20)]
+    for p in parents:                                                  # the island's best is always stated
+        assert p.program_id == fast or (p.best.startswith("2 ms") and p.best_program_id == fast)
+
+
+def test_no_intervention_after_the_last_generation_and_island_best_starts_at_one(tmp_path):
+    lines = []
+    search = make_search(tmp_path, islands=2, seed=12)
+    search.cfg.quiet, search.out = False, lines.append
+    advance(search, 6)
+    actions = events(search, "action")
+    assert actions and all(a["generation"] < 6 for a in actions)      # eps 0.9, freeze 2: they do fire before
+    assert all(re.search(r"island best (\d+\.\d+)x  global best (\d+\.\d+)x", line) for line in lines[:2])
+    for line in lines:
+        if m := re.search(r"island best (\d+\.\d+)x  global best (\d+\.\d+)x", line):
+            assert float(m.group(1)) >= 1.0 and float(m.group(2)) >= 1.0
+
+
+def test_idea_ids_are_never_reused_across_backtracks(tmp_path):
+    search = make_search(tmp_path, islands=1, seed=13)                 # no partner: every action backtracks
+    advance(search, 10)
+    assert any(a["action"] == "backtrack" for a in events(search, "action"))
+    new_ids = [int(m.group(1)) for e in events(search, "generation") for note in e["notes"]
+               if (m := re.match(r"new idea (\d+)", note))]
+    assert new_ids and len(new_ids) == len(set(new_ids))              # an id names one idea, ever
+
+
+def test_crossover_brings_every_partner_record(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=14)
+    advance(search, 3)
+    lagging, leader = search.islands
+    lagging.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    lagging.momentum.update(None)
+    lagging.since_action = 5
+    leader.best = run.Program(search.rundir.save_program(PROGRAMS[0]), 1.0)
+    lagging.rng = random.Random(0)
+    partner_records = {(h.experiment, h.program_id) for i in leader.pool.ideas for h in i.hypotheses}
+    search.hcm_config = hcm.HCMConfig(k_idea=100)             # no pruning: every record must be in the pool
+    search._intervene(lagging)
+    if lagging.actions[-1]["action"] != "crossover":
+        pytest.skip("the backtrack was drawn")
+    mine = {(h.experiment, h.program_id) for i in lagging.pool.ideas for h in i.hypotheses}
+    assert partner_records <= mine and lagging.actions[-1]["merged_ideas"]
+
+
+def test_prompts_are_written_for_the_device_and_number_islands_from_zero(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=15)
+    search.llm_main = RecordingLLM(search.llm_main.inner)
+    advance(search, 2)
+    assert search.llm_main.prompts
+    for prompt in search.llm_main.prompts:
+        for word in ("GPU", "CUDA events", "L2 flush", "cuDNN"):
+            assert word not in prompt, word
+        assert re.search(r'"conv_groupnorm_small \(island [01] of islands 0-1\)"', prompt)
+    background = search.contexts[0].background
+    assert "1 thread used for timing" in background and "Instruction sets:" in background
+
+    class GpuEvaluator(FakeEvaluator):
+        def device_info(self, gpu=None):
+            return {"device_name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "sms": 132,
+                    "total_mem": 85_000_000_000, "l2_bytes": 50 * 2**20, "mem_bw_bytes_per_s": 3.0e12}
+
+    llm = RecordingLLM(RuleBasedLLM(PROGRAMS, seed=15, variants=True))
+    cfg = run.Config(task="conv_groupnorm_small", islands=1, generations=1, seed=15, quiet=True)
+    gpu = run.Search(cfg, tasks.get("conv_groupnorm_small"), GpuEvaluator(), llm, None,
+                     run.RunDir(tmp_path / "gpu"), baseline_ms=20.0, device="cuda")
+    gpu.run()
+    code_prompts = [p for p in llm.prompts if hcm.prompt_kind(p) == "implementation"]
+    assert code_prompts
+    for needle in ("NVIDIA H100 80GB HBM3", "compute capability 9.0", "132 SMs", "3,000 GB/s", "50 MiB L2",
+                   "CUDA events"):
+        assert needle in code_prompts[0], needle
