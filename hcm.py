@@ -415,6 +415,7 @@ class GenerationResult:
     strong_calls: int = 0
     cheap_calls: int = 0
     events: list[str] = field(default_factory=list)
+    parent_id: str | None = None  # Parent.program_id of the program this generation improved on
 
     @property
     def llm_calls(self) -> int:
@@ -996,7 +997,7 @@ def run_generation(pool: IdeaPool, log: GlobalLog, *, task: TaskContext, parent:
     duplicate check, summaries and pruning. `rng` is accepted for interface stability: HCM makes no
     random draws (every choice is the LLM's or deterministic), so runs are reproducible."""
     cfg = config
-    result = GenerationResult(status="no_ideas")
+    result = GenerationResult(status="no_ideas", parent_id=parent.program_id)
     events = result.events
     caller = _Caller(llm, cheap_llm, cfg.max_format_retries, events)
     try:

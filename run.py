@@ -47,6 +47,7 @@ import crossover
 import hcm
 import llm
 import momentum
+import report_html
 import tasks
 
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
@@ -84,6 +85,7 @@ class Config:
     token_budget: int | None = None
     allow_tf32: bool = False
     quiet: bool = False
+    report: str | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -143,6 +145,8 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--allow-tf32", action="store_true",
       help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
     a("--quiet", action="store_true", help="no per-generation progress lines")
+    a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
+                                      "or killed) and exit")
     return p
 
 
@@ -409,7 +413,8 @@ class Search:
                           round=self.round, idea=gen.idea_id, experiment=gen.experiment,
                           status=gen.status, outcome=outcome.status if outcome else None,
                           message=(outcome.message[:300] if outcome else ""),
-                          runtime_ms=score, program=pid, r_t=r_t, momentum=island.momentum.value,
+                          runtime_ms=score, program=pid, parent=gen.parent_id,
+                          attempts=[a["program_id"] for a in gen.attempts], r_t=r_t, momentum=island.momentum.value,
                           island_best_ms=island.momentum.best, llm_calls=gen.llm_calls,
                           notes=gen.events)
         self._progress(island, gen, score)
@@ -480,6 +485,7 @@ class Search:
                 for island in self.islands:
                     self._intervene(island)
                 self.checkpoint()
+                write_html_report(self.rundir.path)
         finally:
             # on Ctrl-C, do not wait for the round in flight: its evaluations are already stored
             pool.shutdown(wait=False, cancel_futures=True)
@@ -597,6 +603,14 @@ def write_report(search: Search, why: str, wall_s: float) -> Path:
     return path
 
 
+def write_html_report(path: Path) -> None:
+    """report.html from the run directory's files; a failure to draw it never stops a search."""
+    try:
+        report_html.write(path)
+    except Exception as e:
+        print(f"run.py: report.html not written: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def plot_progress(search: Search, path: Path) -> bool:
     """Best-so-far speedup per island with interventions marked, when matplotlib is installed."""
     try:
@@ -706,6 +720,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cfg: Config, given: set[str] = frozenset()) -> int:
+    if cfg.report:
+        if not Path(cfg.report, "events.jsonl").exists() and not Path(cfg.report, "checkpoint.json").exists():
+            raise SetupError(f"--report {cfg.report}: not a run directory (no events.jsonl or checkpoint.json)")
+        print(report_html.write(Path(cfg.report)))
+        return 0
     resumed = None
     if cfg.resume:
         path = Path(cfg.resume)
@@ -748,6 +767,7 @@ def _main(cfg: Config, given: set[str] = frozenset()) -> int:
             interrupted = True
             why = "interrupted (Ctrl-C); resume with --resume " + str(path)
         report = write_report(search, why, time.time() - t0)
+        write_html_report(path)
         gb = search.global_best
         search._say(f"done: {why}. " + (f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) "
                                          f"in {path / 'best.py'}. " if gb else "No correct candidate. ")
