@@ -20,10 +20,8 @@ STATUS_LETTER = {"incorrect": "I", "compile_error": "C", "runtime_error": "R", "
                  "rejected": "X", "invalid": "V"}
 
 WIDTH, LEFT, RIGHT = 980, 62, 24
-TOP, SPEED_H = 34, 250            # speedup panel
-FAIL_Y = TOP + SPEED_H + 22       # the row of failure letters
-MOM_TOP, MOM_H = FAIL_Y + 34, 110  # momentum panel
-HEIGHT = MOM_TOP + MOM_H + 44
+ROW = 13                           # one row of intervention marks per island above the panels
+SPEED_H, MOM_H = 250, 110          # heights of the speedup and momentum panels
 
 
 def colour(island: int) -> str:
@@ -35,9 +33,13 @@ def status_letter(status: str) -> str:
 
 
 def svg(run) -> str:
+    rows = {i: n for n, i in enumerate(run.island_ids)}
+    top = 10 + ROW * max(1, len(rows))
+    fail_y, mom_top = top + SPEED_H + 22, top + SPEED_H + 56
+    height = mom_top + MOM_H + 44
     gens = [e for e in run.generations if isinstance(e.get("generation"), (int, float))]
     cands = [c for c in run.candidates.values() if c.generation is not None]
-    g_max = max([e["generation"] for e in gens] + [c.generation for c in cands] + [1])
+    g_max = max([e["generation"] for e in gens] + [c.generation for c in cands] + [1]) + 0.5   # room for repairs
     g_min = min([e["generation"] for e in gens] + [1]) - 1
     speeds = [run.speedup(c.runtime_ms) for c in cands if c.ok]
     best = [run.speedup(e.get("island_best_ms")) for e in gens]
@@ -47,16 +49,18 @@ def svg(run) -> str:
         return LEFT + (g - g_min) / (g_max - g_min) * (WIDTH - LEFT - RIGHT)
 
     def y(s: float) -> float:
-        return TOP + SPEED_H - min(s, y_max) / y_max * SPEED_H
+        return top + SPEED_H - min(s, y_max) / y_max * SPEED_H
 
     def ym(m: float) -> float:
-        return MOM_TOP + MOM_H - max(0.0, min(1.0, m)) * MOM_H
+        return mom_top + MOM_H - max(0.0, min(1.0, m)) * MOM_H
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" class="chart" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" class="chart" '
            f'role="img" aria-label="speedup, failures and momentum per generation, by island">',
            '<style>text{font:11px sans-serif;fill:#333}.ax{stroke:#999;stroke-width:1}'
-           '.grid{stroke:#e4e4e4;stroke-width:1}.ref{stroke:#555;stroke-dasharray:5 4}</style>']
-    out += _axes(run, x, y, ym, g_min, g_max, y_max)
+           '.grid{stroke:#e4e4e4;stroke-width:1}.ref{stroke:#555;stroke-dasharray:5 4}'
+           + "".join(f".i{n}{{fill:{colour(i)};fill-opacity:.75}}.f{n}{{fill:{colour(i)};font-weight:bold;"
+                     f"text-anchor:middle}}" for i, n in rows.items()) + '</style>']
+    out += _axes(run, x, y, ym, g_min, g_max, y_max, top, fail_y, mom_top, height)
     depth = _repair_depth(run)
     for i in run.island_ids:
         col = colour(i)
@@ -76,18 +80,15 @@ def svg(run) -> str:
             out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1.5" points="{_pts(moms)}">'
                        f'<title>island {i}: momentum m_t</title></polyline>')
     for c in sorted(cands, key=lambda c: c.time):
-        col = colour(c.island or 0)
         gx = x(c.generation + 0.15 * depth.get(c.id, 0))
-        label = (f"program {c.id}, island {c.island} generation {c.generation}"
-                 + (" (repair)" if c.repair_of else "") + ": ")
-        if c.ok:
+        label = f"{c.id} island {c.island} gen {c.generation}" + (" repair" if c.repair_of else "")
+        if c.ok:   # kept short: a long run draws thousands of these
             s = run.speedup(c.runtime_ms) or 0.0
-            shape = (f'<circle cx="{gx:.1f}" cy="{y(s):.1f}" r="3.5" fill="{col}" fill-opacity="0.75">'
-                     f'<title>{escape(label)}{s:.3f}x ({c.runtime_ms:.4g} ms)</title></circle>')
+            shape = (f'<circle class="i{rows.get(c.island, 0)}" cx="{gx:.1f}" cy="{y(s):.1f}" r="3.5">'
+                     f'<title>{escape(label)}: {s:.3f}x</title></circle>')
         else:
-            shape = (f'<text x="{gx:.1f}" y="{FAIL_Y}" text-anchor="middle" fill="{col}" '
-                     f'style="fill:{col};font-weight:bold">{status_letter(c.status)}'
-                     f'<title>{escape(label + c.status)}: {escape(c.message[:200])}</title></text>')
+            shape = (f'<text class="f{rows.get(c.island, 0)}" x="{gx:.1f}" y="{fail_y}">'
+                     f'{status_letter(c.status)}<title>{escape(label)}: {escape(c.status)}</title></text>')
         out.append(f'<a href="#p-{escape(c.id)}">{shape}</a>')
     for a in run.actions:
         g = a.get("generation")
@@ -99,9 +100,10 @@ def svg(run) -> str:
         mark = "\u25bc" if back else "\u2605"
         what = (f"backtrack to {run.snapshot_label(i, a.get('restored_index'))}" if back
                 else f"crossover with island {a.get('partner')}")
-        out.append(f'<a href="#act-{i}-{g}"><line x1="{gx:.1f}" x2="{gx:.1f}" y1="{TOP}" '
-                   f'y2="{MOM_TOP + MOM_H}" stroke="{col}" stroke-dasharray="2 3"/>'
-                   f'<text x="{gx:.1f}" y="{TOP - 4}" text-anchor="middle" style="fill:{col}">{mark}'
+        out.append(f'<a href="#act-{i}-{g}"><line x1="{gx:.1f}" x2="{gx:.1f}" y1="{top}" '
+                   f'y2="{mom_top + MOM_H}" stroke="{col}" stroke-dasharray="2 3"/>'
+                   f'<text x="{gx:.1f}" y="{6 + ROW * (rows.get(i, 0) + 1)}" text-anchor="middle" '
+                   f'style="fill:{col};font-weight:bold">{mark}'
                    f'{label}<title>island {i}, generation {g}: {escape(what)}</title></text></a>')
     out.append("</svg>")
     return "\n".join(out)
@@ -128,21 +130,21 @@ def _ticks(lo: float, hi: float, n: int = 8) -> list[float]:
     return [first + k * step for k in range(int((hi - first) / step) + 1)]
 
 
-def _axes(run, x, y, ym, g_min, g_max, y_max) -> list[str]:
+def _axes(run, x, y, ym, g_min, g_max, y_max, top, fail_y, mom_top, height) -> list[str]:
     right = WIDTH - RIGHT
     out = []
     for t in _ticks(0, y_max, 6):
         out.append(f'<line class="grid" x1="{LEFT}" x2="{right}" y1="{y(t):.1f}" y2="{y(t):.1f}"/>'
                    f'<text x="{LEFT - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{t:g}x</text>')
-    for t in _ticks(g_min, g_max, 12):
+    for t in _ticks(g_min, math.floor(g_max), 12):
         if t == int(t):
-            out.append(f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{TOP}" y2="{MOM_TOP + MOM_H}"/>'
-                       f'<text x="{x(t):.1f}" y="{MOM_TOP + MOM_H + 16}" text-anchor="middle">{t:g}</text>')
+            out.append(f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top}" y2="{mom_top + MOM_H}"/>'
+                       f'<text x="{x(t):.1f}" y="{mom_top + MOM_H + 16}" text-anchor="middle">{t:g}</text>')
     out.append(f'<line class="ref" x1="{LEFT}" x2="{right}" y1="{y(1.0):.1f}" y2="{y(1.0):.1f}"/>'
                f'<text x="{right - 2}" y="{y(1.0) - 4:.1f}" text-anchor="end">reference 1.0x</text>')
-    out.append(f'<text x="14" y="{TOP + SPEED_H / 2}" transform="rotate(-90 14 {TOP + SPEED_H / 2})" '
+    out.append(f'<text x="14" y="{top + SPEED_H / 2}" transform="rotate(-90 14 {top + SPEED_H / 2})" '
                f'text-anchor="middle">speedup over the reference</text>')
-    out.append(f'<text x="{LEFT - 6}" y="{FAIL_Y}" text-anchor="end">failed</text>')
+    out.append(f'<text x="{LEFT - 6}" y="{fail_y}" text-anchor="end">failed</text>')
     for t in (0.0, 0.5, 1.0):
         out.append(f'<line class="grid" x1="{LEFT}" x2="{right}" y1="{ym(t):.1f}" y2="{ym(t):.1f}"/>'
                    f'<text x="{LEFT - 6}" y="{ym(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
@@ -150,9 +152,9 @@ def _axes(run, x, y, ym, g_min, g_max, y_max) -> list[str]:
     if isinstance(eps, (int, float)):
         out.append(f'<line class="ref" x1="{LEFT}" x2="{right}" y1="{ym(eps):.1f}" y2="{ym(eps):.1f}"/>'
                    f'<text x="{right - 2}" y="{ym(eps) + 13:.1f}" text-anchor="end">eps_rel = {eps:g}</text>')
-    out.append(f'<text x="14" y="{MOM_TOP + MOM_H / 2}" transform="rotate(-90 14 {MOM_TOP + MOM_H / 2})" '
+    out.append(f'<text x="14" y="{mom_top + MOM_H / 2}" transform="rotate(-90 14 {mom_top + MOM_H / 2})" '
                f'text-anchor="middle">momentum m_t</text>')
-    out.append(f'<text x="{(LEFT + right) / 2}" y="{HEIGHT - 6}" text-anchor="middle">generation</text>')
-    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{right - LEFT}" height="{SPEED_H}" fill="none" class="ax"/>'
-               f'<rect x="{LEFT}" y="{MOM_TOP}" width="{right - LEFT}" height="{MOM_H}" fill="none" class="ax"/>')
+    out.append(f'<text x="{(LEFT + right) / 2}" y="{height - 6}" text-anchor="middle">generation</text>')
+    out.append(f'<rect x="{LEFT}" y="{top}" width="{right - LEFT}" height="{SPEED_H}" fill="none" class="ax"/>'
+               f'<rect x="{LEFT}" y="{mom_top}" width="{right - LEFT}" height="{MOM_H}" fill="none" class="ax"/>')
     return out

@@ -291,9 +291,9 @@ def _label_snapshots(run: Run) -> None:
             if e.get("island") != i:
                 continue
             if e.get("type") == "generation":
-                labels.append(f"after generation {e.get('generation')}")
+                labels.append(f"the state after generation {e.get('generation')}")
             elif e.get("type") == "action" and e.get("action") == "backtrack":
-                labels.append(f"after the backtrack at generation {e.get('generation')}")
+                labels.append(f"the state after the backtrack at generation {e.get('generation')}")
         snaps = run.island(i).get("snapshots")
         if snaps is None or len(labels) >= len(snaps):   # events may run ahead of the checkpoint
             run.snapshot_labels[i] = labels

@@ -36,7 +36,7 @@ import report_chart
 import report_data
 
 INLINE_SOURCES = 10        # candidates, fastest first, whose full source is on the page
-DIFF_BUDGET = 1_500_000    # characters of inline diffs for the other candidates
+DIFF_BUDGET = 600_000      # characters of inline diffs for the other candidates
 DIFF_LINES = 400           # longest single inline diff (lines)
 
 
@@ -53,13 +53,22 @@ def write(run_dir) -> Path:
 def render(run: report_data.Run) -> str:
     page = _Page(run)
     title = f"pacevolve run: {run.meta.get('task') or run.config.get('task') or run.path.name}"
-    body = [f"<h1>{_e(title)}</h1>", page.summary(), page.best(), page.chart(), page.interventions(),
-            page.islands(), page.candidates(), page.other_events(), page.configuration()]
+    body = [f"<h1>{_e(title)}</h1>"]
+    for anchor, heading, part in SECTIONS:
+        html = getattr(page, part)()
+        if html:
+            body.append(f'<section id="{anchor}"><h2>{heading}</h2>\n{html}\n</section>')
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>\n{page.contents()}\n" + "\n".join(body) +
             f"\n<script>{PRINT_JS}</script></body></html>\n")
 
+
+SECTIONS = [("run", "The run", "summary"), ("best", "The best kernel", "best"),
+            ("chart", "Every evaluation, by island", "chart"),
+            ("interventions", "Interventions (Algorithm 2)", "interventions"), ("islands", "Islands", "islands"),
+            ("candidates", "Candidates", "candidates"), ("other-events", "Other events", "other_events"),
+            ("configuration", "Configuration", "configuration")]
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1100px;padding:0 18px 60px;color:#222}
@@ -74,7 +83,7 @@ pre.msg{background:#fff6f4;border-color:#f1cfc7}.ok{color:#0a7a2f;font-weight:60
 details{margin:3px 0}summary{cursor:pointer}.card{border:1px solid #ddd;border-radius:6px;padding:4px 12px 8px;margin:12px 0}
 .best{border:2px solid #0a7a2f}.chosen{font-weight:700;background:#fff3c4}.muted{color:#777}.dot{font-size:16px}
 nav{font-size:13px;margin:4px 0 12px}nav a{margin-right:12px}.chart{width:100%;height:auto;border:1px solid #eee}
-a{color:#0b57d0;text-decoration:none}a:hover{text-decoration:underline}:target{background:#fff3c4}
+a{color:#0b57d0;text-decoration:none}a:hover{text-decoration:underline}tr:target,.card:target,details:target>summary{background:#fff3c4}
 @media print{body{max-width:none}details>summary{list-style:none}a{color:#222}}
 """
 
@@ -112,9 +121,7 @@ class _Page:
     # -- sections -----------------------------------------------------------------------------
 
     def contents(self) -> str:
-        links = [("run", "The run"), ("best", "Best kernel"), ("chart", "Chart"),
-                 ("interventions", "Interventions"), ("islands", "Islands"), ("candidates", "Candidates")]
-        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t in links) + "</nav>"
+        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:6]) + "</nav>"
 
     def summary(self) -> str:
         run, cfg, ck = self.run, self.run.config, self.run.checkpoint
@@ -141,13 +148,13 @@ class _Page:
         rows.append(("settings", _e(", ".join(f"{k}={cfg.get(k)}" for k in (
             "islands", "generations", "beta", "eps_rel", "freeze", "alpha", "k_idea", "k_hyp",
             "proposals", "repairs", "target_speedup", "seed") if k in cfg))))
-        return '<h2 id="run">The run</h2>' + _kv(rows)
+        return _kv(rows)
 
     def best(self) -> str:
         run, best = self.run, self.run.best()
-        out = ['<h2 id="best">The best kernel</h2>']
+        out = []
         if not best or not best.ok:
-            return out[0] + "<p>No correct candidate yet.</p>"
+            return "<p>No correct candidate yet.</p>"
         out.append(f"<p>{self._best_text(best)}. It came from {self._idea_link(best.island, best.idea, best.idea_text)}"
                    f" on island {best.island}, generation {self._gen_link(best.island, best.generation)}, "
                    f"experiment <q>{_e(best.experiment)}</q>.</p>")
@@ -167,7 +174,7 @@ class _Page:
         before = [e for e in run.generations if e["island"] == best.island
                   and isinstance(e.get("generation"), int) and e["generation"] < (best.generation or 0)]
         if before:
-            out.append(f"<p>Before it, island {best.island} ran {len(before)} generations: "
+            out.append(f"<p>Before it, island {best.island} ran {_plural(len(before), 'generation')}: "
                        f'see <a href="#history-{best.island}">its history</a>. Experiments on the same idea '
                        f"before it:</p><ul>")
             same = [e for e in before if e.get("idea") == best.idea
@@ -181,8 +188,7 @@ class _Page:
         legend = " ".join(f'<span class=dot style="color:{report_chart.colour(i)}">●</span> island {i}'
                           for i in self.run.island_ids)
         letters = ", ".join(f"{v} {k}" for k, v in report_chart.STATUS_LETTER.items())
-        return ('<h2 id="chart">Every evaluation, by island</h2>'
-                f"<p>{legend}. Dots: correct candidates (speedup = s_0 / runtime; a repair sits just right of "
+        return (f"<p>{legend}. Dots: correct candidates (speedup = s_0 / runtime; a repair sits just right of "
                 f"its generation); lines: best so far per island; letters on the <i>failed</i> row: failed "
                 f"candidates ({letters}, ? other). Bottom: momentum m_t; below eps_rel, once the freeze "
                 f"period is over, the island intervenes: ▼sK backtrack to snapshot K, ★×j crossover with "
@@ -190,8 +196,7 @@ class _Page:
 
     def interventions(self) -> str:
         run = self.run
-        out = ['<h2 id="interventions">Interventions (Algorithm 2)</h2>',
-               "<p>An island intervenes when its momentum m_t falls below eps_rel after its freeze period. "
+        out = ["<p>An island intervenes when its momentum m_t falls below eps_rel after its freeze period. "
                "A_i is how far island i has closed the gap to the target (1 = reached). The weights are "
                "crossover.py's: A_best = max A_j, S = max(0, 1 − |A_i − A_best|); "
                "w_BT = max(0, A_i − A_best) + S(1 − A_i)(1 − A_best); w_Cj = max(0, A_j − A_i), plus "
@@ -214,7 +219,7 @@ class _Page:
                 name = "w_BT" if k == "backtrack" else f"w_C{k}"
                 a_j = "" if k == "backtrack" else f", A_{k} = {_num((a.get('A_others') or {}).get(k))}"
                 cls = ' class="chosen"' if k == chosen else ""
-                cells.append(f"<div{cls}>{name} = {_num(w)} (P {_num(w / total if isinstance(w, (int, float)) else None)}"
+                cells.append(f"<div{cls} style='white-space:nowrap'>{name} = {_num(w)} (P {_num(w / total if isinstance(w, (int, float)) else None)}"
                              f"{a_j})</div>")
             out.append(f'<tr id="act-{i}-{g}"><td>{i}</td><td>{self._gen_link(i, g)}</td>'
                        f"<td class=n>{_num(m)} ({_num(eps)})</td><td class=n>{_num(a.get('A_self'))}</td>"
@@ -222,7 +227,7 @@ class _Page:
         return "\n".join(out) + "</table>"
 
     def islands(self) -> str:
-        out = ['<h2 id="islands">Islands</h2>']
+        out = []
         k_idea = self.run.config.get("k_idea")
         for i in self.run.island_ids:
             d = self.run.island(i)
@@ -252,14 +257,13 @@ class _Page:
 
     def candidates(self) -> str:
         run = self.run
-        out = ['<h2 id="candidates">Candidates</h2>',
-               f"<p>{len(run.candidates)} programs evaluated. The {len(self.cards)} below with their source are "
+        out = [f"<p>{len(run.candidates)} programs evaluated. The {len(self.cards)} below with their source are "
                "the fastest and the best one's ancestors; every candidate has a row in the table after them, "
                "with the evaluator's verdict and its diff against the program it was written from. Sources "
                "are also in the run directory's <code>candidates/</code>.</p>"]
         out += [self._card(run.candidates[pid], n == 0) for n, pid in enumerate(self.cards)]
         out.append('<h3 id="all-candidates">Every candidate, fastest first, then the failures in order</h3>'
-                   "<table><tr><th>program</th><th>island / gen</th><th>idea</th><th>verdict</th>"
+                   "<table><tr><th>program</th><th>island / gen</th><th>verdict</th>"
                    "<th>evaluator message</th><th>parent</th><th>diff</th></tr>")
         budget = DIFF_BUDGET
         for c in run.ranked():
@@ -268,9 +272,8 @@ class _Page:
             budget -= len(diff or "")
             diff_cell = (f"<details><summary>{diff.count(chr(10))} lines</summary><pre>{diff}</pre></details>"
                          if diff else self._file_links(c))
-            out.append(f"<tr{anchor}><td>{self._prog_link(c.id)}</td><td>{c.island} / "
-                       f"{self._gen_link(c.island, c.generation)}</td>"
-                       f"<td>{self._idea_link(c.island, c.idea, c.idea_text)}</td><td>{self._verdict(c)}</td>"
+            out.append(f"<tr{anchor}><td><code>{_e(c.id)}</code></td><td>{self._where(c)}</td>"
+                       f"<td>{self._verdict(c)}</td>"
                        f"<td>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
                        f"<td>{diff_cell}</td></tr>")
         return "\n".join(out) + "</table>"
@@ -285,13 +288,13 @@ class _Page:
         rows = "".join(f"<tr><td>{_clock(e.get('time'))}</td><td>{_e(e.get('type'))}</td><td><code>"
                        f"{_e(json.dumps({k: v for k, v in e.items() if k not in ('type', 'time')})[:600])}"
                        f"</code></td></tr>" for e in others[-500:])
-        return ('<h2 id="other-events">Other events</h2><p>' +
+        return ("<p>" +
                 ", ".join(f"{_e(k)}: {v}" for k, v in kinds.items()) +
                 f"</p><details><summary>the last {min(500, len(others))}</summary><table>"
                 f"<tr><th>time</th><th>kind</th><th>data</th></tr>{rows}</table></details>")
 
     def configuration(self) -> str:
-        return ('<h2 id="configuration">Configuration</h2><details><summary>config.json</summary><pre>'
+        return ("<details><summary>config.json</summary><pre>"
                 + _e(json.dumps(self.run.meta, indent=1)) + "</pre></details>")
 
     # -- pieces -------------------------------------------------------------------------------
@@ -300,7 +303,7 @@ class _Page:
         records = idea.get("hypotheses", idea.get("records", [])) or []
         best = idea.get("best_metric") or ""
         head = (f"Idea {idea.get('id')}: {_e(idea.get('description'))} <span class=muted>— "
-                f"{idea.get('tried', len(records))} experiments" + (f"; best {_e(best)}" if best else "")
+                f"{_plural(idea.get('tried', len(records)), 'experiment')}" + (f"; best {_e(best)}" if best else "")
                 + (f"; {why}" if why else "") + "</span>")
         rows = [f"<p><b>Summary of earlier experiments:</b> {_e(idea.get('summary'))}</p>"] if idea.get("summary") else []
         if records:
@@ -319,14 +322,14 @@ class _Page:
     def _backtrack_pools(self, a: dict) -> str:
         i, g, k = a["island"], a.get("generation"), a.get("restored_index")
         labels = self.run.snapshot_labels.get(i, [])
-        mark = f"after generation {g}"
+        mark = f"the state after generation {g}"
         before = labels.index(mark) if mark in labels else None
         parts = []
         for title, idx in ((f"before: {mark}", before), (f"restored: {self.run.snapshot_label(i, k)} (snapshot {k})", k)):
             pool = self.run.snapshot_pool(i, idx) if idx is not None else None
             ideas = (pool or {}).get("ideas", [])
             items = "".join(f"<li>idea {x.get('id')}: {_e(x.get('description'))} <span class=muted>("
-                            f"{x.get('tried', 0)} experiments" + (f", best {_e(x.get('best_metric'))}"
+                            f"{_plural(x.get('tried', 0), 'experiment')}" + (f", best {_e(x.get('best_metric'))}"
                                                                  if x.get("best_metric") else "") + ")</span></li>"
                             for x in ideas)
             parts.append(f"<td><b>{_e(title)}</b><ul>{items or '<li>empty</li>'}</ul></td>" if pool is not None
@@ -344,8 +347,9 @@ class _Page:
             progs = ", ".join(self._prog_link(p) for p in (e.get("attempts") or ([e["program"]] if e.get("program") else [])))
             notes = e.get("notes") or []
             out.append(f'<tr id="g-{i}-{g}"><td class=n>{g}</td>'
-                       f"<td>{self._idea_link(i, e.get('idea'), e.get('idea_text', ''))}</td>"
-                       f"<td>{_e(e.get('experiment'))}</td><td>{self._event_result(e)}</td><td>{progs}</td>"
+                       f"<td>{self._idea_link(i, e.get('idea'), e.get('idea_text', ''), 60)}</td>"
+                       f"<td>{_e(_short(e.get('experiment') or '', 240))}</td><td>{self._event_result(e, 0)}</td>"
+                       f"<td>{progs}</td>"
                        f"<td class=n>{_num(e.get('momentum'))}</td><td class=n>{_num(e.get('r_t'))}</td>"
                        f"<td class=n>{e.get('llm_calls', '')}</td><td>"
                        + (f"<details><summary>{len(notes)}</summary>" + "<br>".join(_e(n) for n in notes)
@@ -359,7 +363,7 @@ class _Page:
         d = c.details or {}
         t = d.get("timing") or {}
         rows = [("verdict", self._verdict(c)), ("evaluator", f"<pre{'' if c.ok else ' class=msg'}>{_e(c.message)}</pre>"),
-                ("island / generation", f"{c.island} / {self._gen_link(c.island, c.generation)}"),
+                ("island / generation", self._where(c)),
                 ("idea", self._idea_link(c.island, c.idea, c.idea_text)), ("experiment", _e(c.experiment)),
                 ("written from", self._parent_text(c))]
         if c.children:
@@ -373,7 +377,8 @@ class _Page:
             worst = max((x.get("rel_l2") or 0) for x in trials)
             rows.append(("correctness", f"{sum(bool(x.get('ok')) for x in trials)} of {len(trials)} input sets "
                                         f"within tolerance; worst relative L2 error {worst:.2g}"))
-        cost = ", ".join(f"{k} {d[k]:.3g} s" for k in ("build_wall_s", "check_s", "time_s") if isinstance(d.get(k), (int, float)))
+        cost = ", ".join(f"{name} {d[k]:.3g} s" for k, name in (("build_wall_s", "build"), ("check_s", "checking"),
+                                                               ("time_s", "timing")) if isinstance(d.get(k), (int, float)))
         if cost:
             rows.append(("cost", cost))
         src = self._source(c.id)
@@ -412,14 +417,15 @@ class _Page:
         i = a["island"]
         if a.get("action") == "backtrack":
             k = a.get("restored_index")
-            return (f'backtrack to snapshot {k}, <a href="#bt-{i}-{a.get("generation")}">the state '
+            return (f'backtrack to snapshot {k}: <a href="#bt-{i}-{a.get("generation")}">'
                     f"{_e(self.run.snapshot_label(i, k))}</a> ({a.get('ideas', '?')} ideas); momentum reset to 1")
         if a.get("action") == "crossover":
             merged = ", ".join(f'<a href="#idea-{i}-{m}">{m}</a>' if f"idea-{i}-{m}" in self.idea_anchor.values()
-                               else str(m) for m in a.get("merged_ideas") or []) or "none"
+                               else str(m) for m in a.get("merged_ideas") or [])
+            merged = f"its ideas joined the pool as {merged}" if merged else "all its ideas were in the pool already"
             pruned = "; ".join(_e(p) for p in a.get("pruned") or [])
             return (f"crossover with island {a.get('partner')}: its best program {self._prog_link(a.get('parent'))} "
-                    f"is the next parent; its ideas joined the pool as {merged}"
+                    f"is the next parent; {merged}"
                     + (f"; {pruned}" if pruned else "") + "; momentum reset to 1")
         return _e(json.dumps({k: v for k, v in a.items() if k not in ("type", "time")})[:300])
 
@@ -467,12 +473,12 @@ class _Page:
             return f"<span class=ok>{s:.3f}x</span> ({c.runtime_ms:.4g} ms)" if s else f"ok ({c.runtime_ms:.4g} ms)"
         return _status(c.status)
 
-    def _event_result(self, e: dict) -> str:
+    def _event_result(self, e: dict, width: int = 300) -> str:
         s = self.run.speedup(e.get("runtime_ms"))
         if e.get("outcome") == "ok" and s:
             return f"<span class=ok>{s:.3f}x</span> ({e['runtime_ms']:.4g} ms)"
         what = e.get("outcome") or e.get("status")
-        return f"{_status(what)} {_e(str(e.get('message') or '')[:300])}"
+        return f"{_status(what)} {_e(_short(e.get('message') or '', width))}" if width else _status(what)
 
     def _parent_text(self, c: report_data.Candidate) -> str:
         if c.repair_of:
@@ -487,16 +493,26 @@ class _Page:
         return f'<a href="#p-{_e(pid)}"><code>{_e(pid)}</code></a>' if pid in self.run.candidates \
             else f"<code>{_e(pid)}</code>"
 
+    def _where(self, c: report_data.Candidate) -> str:
+        if c.island is None:
+            return "<span class=muted>not recorded (its round did not finish)</span>"
+        return f"{c.island} / {self._gen_link(c.island, c.generation)}"
+
     def _gen_link(self, island, g) -> str:
         return f'<a href="#g-{island}-{g}">{g}</a>' if (island, g) in self.gen_events else _e(g)
 
-    def _idea_link(self, island, idea_id, text: str = "") -> str:
+    def _idea_link(self, island, idea_id, text: str = "", width: int = 90) -> str:
         if idea_id is None:
             return "<span class=muted>none</span>"
         anchor = self.idea_anchor.get((island, idea_id, text or None)) or (
             None if text else self.idea_anchor.get((island, idea_id, None)))
-        label = f"idea {idea_id}" + (f": {_short(text, 90)}" if text else "")
-        return f'<a href="#{anchor}">{_e(label)}</a>' if anchor else _e(label)
+        label = f"idea {idea_id}" + (f": {_short(text, width)}" if text and width else "")
+        title = f' title="{_e(text)}"' if text and not width else ""
+        return f'<a href="#{anchor}"{title}>{_e(label)}</a>' if anchor else _e(label)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _kv(rows) -> str:
