@@ -38,7 +38,7 @@ def svg(run) -> str:
     fail_y, mom_top = top + SPEED_H + 22, top + SPEED_H + 56
     height = mom_top + MOM_H + 44
     gens = [e for e in run.generations if isinstance(e.get("generation"), (int, float))]
-    cands = [c for c in run.candidates.values() if c.generation is not None]
+    cands = [c for c in run.candidates.values() if isinstance(c.generation, (int, float))]
     g_max = max([e["generation"] for e in gens] + [c.generation for c in cands] + [1]) + 0.5   # room for repairs
     g_min = min([e["generation"] for e in gens] + [1]) - 1
     speeds = [run.speedup(c.runtime_ms) for c in cands if c.ok]

@@ -115,8 +115,8 @@ class _Page:
         best = run.best()
         ok = [c for c in run.ranked() if c.ok]
         self.cards = [c.id for c in ok[:INLINE_SOURCES]]
-        if best:
-            self.cards += [c.id for c in run.lineage(best.id) if c.id not in self.cards]
+        if best:   # the nearest ancestors of the best, so a long lineage stays a few cards
+            self.cards += [c.id for c in run.lineage(best.id)[-INLINE_SOURCES:] if c.id not in self.cards]
 
     # -- sections -----------------------------------------------------------------------------
 
@@ -179,8 +179,10 @@ class _Page:
                        f"before it:</p><ul>")
             same = [e for e in before if e.get("idea") == best.idea
                     and e.get("idea_text", "") == best.idea_text]
+            if len(same) > INLINE_SOURCES:
+                out.append(f"<li>{len(same) - INLINE_SOURCES} earlier ones: see the history</li>")
             out += [f"<li>generation {self._gen_link(e['island'], e['generation'])}: {_e(e.get('experiment'))}"
-                    f" → {self._event_result(e)}</li>" for e in same] or ["<li>none</li>"]
+                    f" → {self._event_result(e)}</li>" for e in same[-INLINE_SOURCES:]] or ["<li>none</li>"]
             out.append("</ul>")
         return "\n".join(out)
 

@@ -161,9 +161,13 @@ def test_full_run_report_html_shows_every_island_idea_evaluation(full_run):
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     failed = [e for e in events if e["type"] == "evaluation" and e["status"] != "ok"]
     assert failed and all(f"p-{e['program']}" in page.ids for e in failed)
-    for e in (e for e in events if e["type"] == "generation"):   # every candidate knows its parent
-        assert "parent" in e and "attempts" in e
-        assert not e["attempts"] or e["program"] == e["attempts"][-1]
+    evaluated = {e["program"] for e in events if e["type"] == "evaluation"}
+    gens = [e for e in events if e["type"] == "generation"]
+    for e in gens:   # every candidate knows the program it was written from
+        assert e["parent"] is None or e["parent"] in evaluated
+        assert set(e["attempts"]) <= evaluated and (not e["attempts"] or e["program"] == e["attempts"][-1])
+    assert all(e["parent"] is None for e in gens if e["generation"] == 1)   # the reference
+    assert any(e["parent"] for e in gens)
     report = _run_cli(["--report", str(out)], timeout=120)
     assert report.returncode == 0 and report.stdout.strip().endswith("report.html")
     assert _run_cli(["--report", str(out / "candidates")], timeout=120).returncode == 2
