@@ -58,7 +58,7 @@ def svg(run) -> str:
            f'role="img" aria-label="speedup, failures and momentum per generation, by island">',
            '<style>text{font:11px sans-serif;fill:#333}.ax{stroke:#999;stroke-width:1}'
            '.grid{stroke:#e4e4e4;stroke-width:1}.ref{stroke:#555;stroke-dasharray:5 4}'
-           + "".join(f".i{n}{{fill:{colour(i)};fill-opacity:.75}}.f{n}{{fill:{colour(i)};font-weight:bold;"
+           + "".join(f".i{n}{{fill:{colour(i)};fill-opacity:.75}}.f{n}{{fill:{colour(i)};font:bold 13px monospace;"
                      f"text-anchor:middle}}" for i, n in rows.items()) + '</style>']
     out += _axes(run, x, y, ym, g_min, g_max, y_max, top, fail_y, mom_top, height)
     depth = _repair_depth(run)

@@ -78,7 +78,7 @@ table{border-collapse:collapse;margin:6px 0;font-size:13px}td,th{border:1px soli
 th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .kv th{width:200px}code,pre{font:12px/1.4 ui-monospace,'DejaVu Sans Mono',Menlo,monospace}
 pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:7px 9px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;margin:4px 0}
-pre.msg{background:#fff6f4;border-color:#f1cfc7}.ok{color:#0a7a2f;font-weight:600}.bad{color:#b3261e;font-weight:600}
+pre.msg{background:#fff6f4;border-color:#f1cfc7}td.msg{white-space:pre-wrap;font-size:12px}.ok{color:#0a7a2f;font-weight:600}.bad{color:#b3261e;font-weight:600}
 .add{background:#e6ffec}.del{background:#ffebe9}.hunk{color:#6f42c1}
 details{margin:3px 0}summary{cursor:pointer}.card{border:1px solid #ddd;border-radius:6px;padding:4px 12px 8px;margin:12px 0}
 .best{border:2px solid #0a7a2f}.chosen{font-weight:700;background:#fff3c4}.muted{color:#777}.dot{font-size:16px}
@@ -274,9 +274,10 @@ class _Page:
             budget -= len(diff or "")
             diff_cell = (f"<details><summary>{diff.count(chr(10))} lines</summary><pre>{diff}</pre></details>"
                          if diff else self._file_links(c))
-            out.append(f"<tr{anchor}><td><code>{_e(c.id)}</code></td><td>{self._where(c)}</td>"
+            name = self._prog_link(c.id) if c.id in self.cards else f"<code>{_e(c.id)}</code>"
+            out.append(f"<tr{anchor}><td>{name}</td><td>{self._where(c)}</td>"
                        f"<td>{self._verdict(c)}</td>"
-                       f"<td>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
+                       f"<td class=msg>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
                        f"<td>{diff_cell}</td></tr>")
         return "\n".join(out) + "</table>"
 
