@@ -414,7 +414,8 @@ class Search:
                           status=gen.status, outcome=outcome.status if outcome else None,
                           message=(outcome.message[:300] if outcome else ""),
                           runtime_ms=score, program=pid, parent=gen.parent_id,
-                          attempts=[a["program_id"] for a in gen.attempts], r_t=r_t, momentum=island.momentum.value,
+                          attempts=[a["program_id"] for a in gen.attempts],
+                          r_t=r_t, momentum=island.momentum.value,
                           island_best_ms=island.momentum.best, llm_calls=gen.llm_calls,
                           notes=gen.events)
         self._progress(island, gen, score)
@@ -771,7 +772,7 @@ def _main(cfg: Config, given: set[str] = frozenset()) -> int:
         gb = search.global_best
         search._say(f"done: {why}. " + (f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) "
                                          f"in {path / 'best.py'}. " if gb else "No correct candidate. ")
-                    + f"Report: {report}")
+                    + f"Report: {report}, {path / 'report.html'}")
     finally:
         evaluator.close()
     if interrupted:
