@@ -16,7 +16,7 @@ any run directory, finished, running or killed. The page, top to bottom:
      after each backtrack, and the history of its generations;
   6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent.
 Links join candidates, ideas, generations and interventions. The fastest INLINE_SOURCES candidates and
-the best one's lineage get their source inline; every other candidate gets one row, with its diff inline
+the best one's nearest ancestors get their source inline; every other candidate gets one row, with its diff inline
 while the page stays within DIFF_BUDGET characters of diffs, and relative links to candidates/ beyond it,
 so a 1,000-generation run stays a few MB. No server, network or script library: <details> elements fold,
 and a few lines of plain JavaScript unfold them for printing.
