@@ -15,10 +15,10 @@ any run directory, finished, running or killed. The page, top to bottom:
      no longer in it (pruned, or left behind by a backtrack: the permanent log L), the pool before and
      after each backtrack, and the history of its generations;
   6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent.
-Links join candidates, ideas, generations and interventions. The fastest INLINE_SOURCES candidates and
-the best one's nearest ancestors get their source inline; every other candidate gets one row, with its diff inline
-while the page stays within DIFF_BUDGET characters of diffs, and relative links to candidates/ beyond it,
-so a 1,000-generation run stays a few MB. No server, network or script library: <details> elements fold,
+Links join candidates, ideas, generations and interventions. The fastest INLINE_SOURCES candidates
+and the best one's nearest ancestors get their source inline; every candidate gets one row, with its
+diff inline while the page stays within DIFF_BUDGET characters of diffs and relative links to
+candidates/ beyond it, so a 1,000-generation run stays a few MB. No server, network or script library: <details> elements fold,
 and a few lines of plain JavaScript unfold them for printing.
 Standard library only.
 """
