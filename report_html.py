@@ -207,7 +207,7 @@ class _Page:
         if not run.actions:
             return "\n".join(out) + "<p>No intervention yet.</p>"
         eps = run.config.get("eps_rel")
-        out.append("<table><tr><th>island</th><th>generation</th><th>m_t (eps_rel)</th><th>A_i</th>"
+        out.append("<table><tr><th>island</th><th>generation</th><th>m_t &lt; eps_rel</th><th>A_i</th>"
                    "<th>weights w (probability P)</th><th>what happened</th></tr>")
         for a in run.actions:
             i, g = a["island"], a.get("generation")
@@ -224,7 +224,7 @@ class _Page:
                 cells.append(f"<div{cls} style='white-space:nowrap'>{name} = {_num(w)} (P {_num(w / total if isinstance(w, (int, float)) else None)}"
                              f"{a_j})</div>")
             out.append(f'<tr id="act-{i}-{g}"><td>{i}</td><td>{self._gen_link(i, g)}</td>'
-                       f"<td class=n>{_num(m)} ({_num(eps)})</td><td class=n>{_num(a.get('A_self'))}</td>"
+                       f"<td class=n>{_num(m)} {'&lt;' if _below(m, eps) else 'vs'} {_num(eps)}</td><td class=n>{_num(a.get('A_self'))}</td>"
                        f"<td>{''.join(cells)}</td><td>{self._action_text(a)}</td></tr>")
         return "\n".join(out) + "</table>"
 
@@ -512,6 +512,10 @@ class _Page:
         label = f"idea {idea_id}" + (f": {_short(text, width)}" if text and width else "")
         title = f' title="{_e(text)}"' if text and not width else ""
         return f'<a href="#{anchor}"{title}>{_e(label)}</a>' if anchor else _e(label)
+
+
+def _below(m, eps) -> bool:
+    return isinstance(m, (int, float)) and isinstance(eps, (int, float)) and m < eps
 
 
 def _plural(n: int, word: str) -> str:
