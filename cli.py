@@ -54,6 +54,7 @@ class Config:
     l2_tol: float | None = None
     allow_tf32: bool = False
     quiet: bool = False
+    report: str | None = None
 
 
 # What --resume may change (the search state does not depend on it), and why the rest may not.
@@ -226,6 +227,8 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--allow-tf32", action="store_true",
       help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
     a("--quiet", action="store_true", help="no per-generation progress lines")
+    a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
+                                      "or killed) and exit")
     return p
 
 

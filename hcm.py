@@ -107,6 +107,7 @@ class GenerationResult:
     cheap_calls: int = 0
     calls: dict[str, int] = field(default_factory=dict)   # LLM calls by prompt kind, reminders included
     events: list[str] = field(default_factory=list)
+    parent_id: str | None = None  # Parent.program_id of the program this generation improved on
 
     @property
     def llm_calls(self) -> int:
@@ -125,7 +126,7 @@ def run_generation(pool: IdeaPool, log: GlobalLog, *, task: TaskContext, parent:
     `llm` generates ideas, chooses and writes programs and repairs them; `cheap_llm` (default: llm)
     classifies, checks for repeats, summarises and prunes. `rng` is accepted for interface stability:
     HCM makes no random draws (every choice is the LLM's or deterministic), so runs are reproducible."""
-    result = GenerationResult(status="no_ideas")
+    result = GenerationResult(status="no_ideas", parent_id=parent.program_id)
     caller = _Caller(llm, cheap_llm, config.max_format_retries, result.events)
     try:
         _run(_Generation(pool, log, task, parent, config, caller, result.events), execute, result)

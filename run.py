@@ -52,6 +52,7 @@ import hcm
 import llm_check
 import momentum
 import rundir as rundir_mod
+import report_html
 import tasks
 from run_setup import (SetupError, check_device, make_clients, make_evaluator,  # noqa: F401
                        measure_reference, new_run_dir, record_resume)
@@ -274,9 +275,11 @@ class Search:
                           round=self.round, idea=gen.idea_id, experiment=gen.experiment,
                           status=gen.status, outcome=outcome.status if outcome else None,
                           message=(outcome.message[:300] if outcome else ""),
-                          runtime_ms=score, program=pid, r_t=r_t, momentum=island.momentum.value,
-                          island_best_ms=island.momentum.best, llm_calls=gen.llm_calls, calls=gen.calls,
-                          attempts=[{"status": a["status"], "score": a.get("score")} for a in gen.attempts],
+                          runtime_ms=score, program=pid, parent=gen.parent_id, r_t=r_t,
+                          momentum=island.momentum.value, island_best_ms=island.momentum.best,
+                          llm_calls=gen.llm_calls, calls=gen.calls,
+                          attempts=[{"program": a["program_id"], "status": a["status"], "score": a.get("score")}
+                                    for a in gen.attempts],
                           llm_failures=_llm_failures(gen.events), notes=gen.events)
         self._progress(island, gen, score)
 
@@ -358,6 +361,7 @@ class Search:
                     for island in self.islands:
                         self._intervene(island)
                 self.checkpoint()
+                write_html_report(self.rundir.path)
         finally:
             # on Ctrl-C, do not wait for the round in flight: its evaluations are already stored
             pool.shutdown(wait=False, cancel_futures=True)
@@ -440,6 +444,14 @@ def _tolerance_key(cfg: Config) -> list[str]:
     return [json.dumps(given)] if given else []
 
 
+def write_html_report(path: Path) -> None:
+    """report.html from the run directory's files; a failure to draw it never stops a search."""
+    try:
+        report_html.write(path)
+    except Exception as e:
+        print(f"run.py: report.html not written: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------- main
 
 load_task = cli.load_task
@@ -460,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(cfg: Config, given: set[str]) -> int:
     """Set up (task, device, LLM, run directory), measure s_0, run the islands, report."""
+    if cfg.report:
+        if not Path(cfg.report, "events.jsonl").exists() and not Path(cfg.report, "checkpoint.json").exists():
+            raise SetupError(f"--report {cfg.report}: not a run directory (no events.jsonl or checkpoint.json)")
+        print(report_html.write(Path(cfg.report)))
+        return 0
     say = (lambda line: None) if cfg.quiet else print
     if cfg.resume:
         rd = rundir_mod.RunDir.open(Path(cfg.resume))
@@ -506,6 +523,7 @@ def _main(cfg: Config, given: set[str]) -> int:
         if search is not None:
             try:   # islands may still be finishing their round in worker threads
                 write_report(search, "interrupted (Ctrl-C)")
+                write_html_report(rd.path)
             except Exception:
                 pass
         print(f"run.py: interrupted (Ctrl-C); continue with: python run.py --resume {rd.path}",
@@ -516,6 +534,7 @@ def _main(cfg: Config, given: set[str]) -> int:
         raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
                          f"continue with --resume {rd.path})") from None
     report = write_report(search, why)
+    write_html_report(rd.path)
     gb = search.global_best
     if gb is None:
         best = "No correct candidate. "
@@ -524,7 +543,7 @@ def _main(cfg: Config, given: set[str]) -> int:
     else:
         best = (f"No candidate beat the reference; the fastest correct one ({gb['speedup']:.3f}x, slower) "
                 f"is in {rd.path / 'best.py'}. ")
-    print(f"done: {why}. {best}Report: {report}")
+    print(f"done: {why}. {best}Report: {report}, {rd.path / 'report.html'}")
     if search.llm_watch.tripped:
         print(f"run.py: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
               "(--model, --base-url, --provider may change)", file=sys.stderr)

@@ -18,6 +18,7 @@ import pytest
 
 import run
 from fake_llm import RuleBasedLLM
+from test_report_html import check_page
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +134,7 @@ def full_run(server, tmp_path_factory):
 def test_full_run_writes_every_file(full_run):
     base, proc, _ = full_run
     out = base / "a"
-    for name in ("config.json", "events.jsonl", "checkpoint.json", "best.py", "report.md"):
+    for name in ("config.json", "events.jsonl", "checkpoint.json", "best.py", "report.md", "report.html"):
         assert (out / name).is_file(), name
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["islands"] == 3 and "torch" in config["versions"]
@@ -154,6 +155,25 @@ def test_full_run_writes_every_file(full_run):
     # honest CPU candidates are within noise of the reference: either may be faster
     assert "**best:" in report or "**nothing beat the reference" in report
     assert "[island 0 gen   1]" in proc.stdout and "global best" in proc.stdout
+
+
+def test_full_run_report_html_shows_every_island_idea_evaluation(full_run):
+    out = full_run[0] / "a"
+    page = check_page(out)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["type"] == "evaluation" and e["status"] != "ok"]
+    assert failed and all(f"p-{e['program']}" in page.ids for e in failed)
+    evaluated = {e["program"] for e in events if e["type"] == "evaluation"}
+    gens = [e for e in events if e["type"] == "generation"]
+    for e in gens:   # every candidate knows the program it was written from
+        assert e["parent"] is None or e["parent"] in evaluated
+        ids = [a["program"] for a in e["attempts"]]
+        assert set(ids) <= evaluated and (not ids or e["program"] == ids[-1])
+    assert all(e["parent"] is None for e in gens if e["generation"] == 1)   # the reference
+    assert any(e["parent"] for e in gens)
+    report = _run_cli(["--report", str(out)], timeout=120)
+    assert report.returncode == 0 and report.stdout.strip().endswith("report.html")
+    assert _run_cli(["--report", str(out / "candidates")], timeout=120).returncode == 2
 
 
 # Which intervention fires depends on how far each island has come (A_i), so the islands must reach
@@ -197,6 +217,7 @@ def test_interventions_show_backtrack_and_crossover(tmp_path):
         assert e["generation"] >= 2          # never inside the freeze period
         if e["action"] == "crossover":
             assert e["weights"][str(e["partner"])] > 0
+    check_page(out)   # the page shows every intervention with its weights, and its links resolve
 
 
 def test_kill_and_resume_matches_uninterrupted_run(full_run, server):
@@ -217,6 +238,7 @@ def test_kill_and_resume_matches_uninterrupted_run(full_run, server):
     proc.wait()
     killed_at = json.loads(checkpoint.read_text())["round"]
     assert 2 <= killed_at < 6
+    assert "--resume" in check_page(out).of("run")   # the page of a killed run says how to go on
     resumed = _run_cli(["--resume", str(out)])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming {out} at round {killed_at}" in resumed.stdout
