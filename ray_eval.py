@@ -207,15 +207,7 @@ class RayEvaluator:
             except ray.exceptions.RayError as e:
                 raise ClusterError(f"an evaluation actor did not start: {_first_line(e)}") from None
         if self.device == "cuda":
-            models: dict[str, int] = {}
-            for s in self.slots:
-                model = str(s.info["device_info"].get("device_name"))
-                models[model] = models.get(model, 0) + 1
-            if len(models) > 1:
-                raise ClusterError("the Ray cluster mixes GPU models (" + ", ".join(
-                    f"{n} x {m}" for m, n in sorted(models.items())) + "); runtimes from different models "
-                    "do not compare: run on GPUs of one model (e.g. one cluster per model)")
-            self.model = next(iter(models))
+            self.model = one_gpu_model([s.info for s in self.slots])
 
     def _take(self, wanted: _Slot | None = None) -> _Slot:
         """The ready actor with the fewest evaluations in flight (or `wanted`), counted as one busier."""
@@ -285,7 +277,7 @@ class EvalActor:
     """Runs on a cluster node: one Evaluator for the GPU (or CPUs) Ray gave this process."""
 
     def __init__(self, reference_src: str, evaluator_kwargs: dict, driver_node: str):
-        drop_credentials(os.environ)
+        self.dropped = drop_credentials(os.environ)
         here = ray.get_runtime_context().get_node_id()
         kw = dict(evaluator_kwargs)
         if kw.get("device") == "cuda":
@@ -304,7 +296,8 @@ class EvalActor:
         device = dict(ev.device_info()) if callable(getattr(ev, "device_info", None)) else (
             dict(ev.devices[0].info) if getattr(ev, "devices", None) else {})
         return {"device_info": device, "host": self.host, "pid": os.getpid(),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "env_names": sorted(os.environ)}
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "env_names": sorted(os.environ),
+                "dropped": self.dropped}
 
     def evaluate(self, candidate_src: str) -> dict:
         with self._lock:
@@ -324,6 +317,19 @@ class EvalActor:
 
     def close(self) -> None:
         self.evaluator.close()
+
+
+def one_gpu_model(infos: list[dict]) -> str:
+    """The GPU model all actors have; ClusterError naming the models when they differ."""
+    models: dict[str, int] = {}
+    for info in infos:
+        model = str(info["device_info"].get("device_name"))
+        models[model] = models.get(model, 0) + 1
+    if len(models) != 1:
+        raise ClusterError("the Ray cluster mixes GPU models (" + ", ".join(
+            f"{n} x {m}" for m, n in sorted(models.items())) + "); runtimes from different models do not "
+            "compare: run on GPUs of one model (e.g. one cluster per model)")
+    return next(iter(models))
 
 
 def drop_credentials(environ) -> list[str]:
