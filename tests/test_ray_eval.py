@@ -45,19 +45,26 @@ def _kill_busy(times: int, stop: threading.Event) -> list[str]:
 
     def watch():
         while len(killed) < times and not stop.is_set() and ray.is_initialized():
+            actors = {}
             for name in ray.util.list_named_actors():
-                if not name.startswith(ray_eval.ACTOR_PREFIX) or name in killed:
-                    continue
+                if name.startswith(ray_eval.ACTOR_PREFIX) and name not in killed:
+                    try:
+                        actors[name] = ray.get_actor(name)
+                    except ValueError:   # gone meanwhile
+                        pass
+            asked = {actor.busy.remote(): name for name, actor in actors.items()}
+            # asked at once: an actor still starting must not hold up the question to the others
+            done, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.2) if asked else ([], [])
+            for ref in done:
                 try:
-                    actor = ray.get_actor(name)
-                    busy = ray.get(actor.busy.remote(), timeout=5)
-                except Exception:   # died or was replaced meanwhile
+                    busy = ray.get(ref)
+                except ray.exceptions.RayError:
                     continue
                 if busy:
-                    ray.kill(actor, no_restart=True)
-                    killed.append(name)
+                    ray.kill(actors[asked[ref]], no_restart=True)
+                    killed.append(asked[ref])
                     break
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -104,10 +111,9 @@ class TestEvaluator:
         stop.set()
         assert len(killed) == 2
         assert r.status == "runtime_error" and "killed 2 evaluation workers" in r.message
-        assert ev.evaluate(HONEST).status == "ok"
 
 
-def _args(base_url, out, cache, generations=2, ray_address="auto"):
+def _args(base_url, out, cache, generations=1, ray_address="auto"):
     args = ["--task", "conv_groupnorm_small", "--islands", "2", "--generations", str(generations),
             "--base-url", base_url, "--model", "fake-model", "--seed", "4", "--out", str(out),
             "--eval-cache", str(cache), "--quiet"]
@@ -139,11 +145,11 @@ def test_ray_run_survives_a_killed_actor_and_resumes(tmp_path):
         stored = [json.loads(p.read_text()) for p in (tmp_path / "c2").glob("*.json")]
         reruns = [d["details"]["ray"]["reruns"] for d in stored if "ray" in d.get("details", {})]
         assert 1 in reruns and set(reruns) <= {0, 1}
-        # resume: the saved --ray is kept; two more generations
-        assert run.main(["--resume", str(out), "--generations", "4", "--quiet"]) == 0
+        # resume: the saved --ray is kept; one more generation
+        assert run.main(["--resume", str(out), "--generations", "2", "--quiet"]) == 0
         state = json.loads((out / "checkpoint.json").read_text())
-        assert state["round"] == 4
-        assert _shape(out)["generations"] == sorted((i, g) for i in range(2) for g in range(1, 5))
+        assert state["round"] == 2
+        assert _shape(out)["generations"] == sorted((i, g) for i in range(2) for g in range(1, 3))
         assert json.loads((out / "config.json").read_text())["config"]["ray"] == "auto"
 
 
