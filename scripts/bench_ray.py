@@ -12,7 +12,7 @@ to stdout and --out. Takes about 3-5 minutes on a 2 x H200 machine (K=8, R=3).
 
     bash scripts/ray_wheels.sh                     # where there is network: .raypkg/ray.tar.xz
     # on the GPU machine, carrying .raypkg:
-    python3 -c "import tarfile; tarfile.open('.raypkg/ray.tar.xz').extractall('/tmp/raypkg')"
+    python3 -c "import tarfile; tarfile.open('.raypkg/ray.tar.xz').extractall('/tmp/raypkg', filter='tar')"
     PYTHONPATH=/tmp/raypkg python3 scripts/bench_ray.py --out runs/bench_ray.md
 """
 from __future__ import annotations
@@ -98,6 +98,7 @@ def main() -> int:
 
     t0 = time.perf_counter()
     ray.init(num_gpus=n, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             object_store_memory=1 << 30,   # results are small; /dev/shm may be too
              runtime_env=ray_eval.runtime_env())
     try:
         with ray_eval.RayEvaluator.for_task(task, address="auto", cache_dir=cache) as rev:

@@ -6,7 +6,7 @@
 #
 #     bash scripts/ray_wheels.sh            # RAY_VERSION=2.60.0 PY_VERSION=3.12 by default
 #     # on the device, carrying .raypkg:
-#     python3 -c "import tarfile; tarfile.open('.raypkg/ray.tar.xz').extractall('/tmp/raypkg')"
+#     python3 -c "import tarfile; tarfile.open('.raypkg/ray.tar.xz').extractall('/tmp/raypkg', filter='tar')"
 #     PYTHONPATH=/tmp/raypkg python3 scripts/bench_ray.py
 #
 # Left out: the Java jars and the dashboard's web client (the dashboard is off; its agent, which runtime

@@ -33,6 +33,7 @@ def local_ray():
     # cluster where `ray start` runs in a shell that may hold keys.
     os.environ["PACEVOLVE_TEST_API_KEY"] = SECRET
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             object_store_memory=128 << 20,   # results are small
              runtime_env=ray_eval.runtime_env())
     yield
     ray.shutdown()
@@ -94,16 +95,6 @@ class TestEvaluator:
             assert not [n for n in info["env_names"] if "KEY" in n.upper()]
         assert SECRET.encode() not in pickle.dumps(ev._payload)
 
-    def test_a_killed_actor_costs_one_rerun_and_is_replaced(self, ev):
-        stop = threading.Event()
-        killed = _kill_busy(1, stop)
-        r = ev.evaluate(HONEST.replace("6.0", "6.00"))
-        stop.set()
-        assert killed and r.status == "ok", (killed, r)
-        assert r.details["ray"]["reruns"] == 1 and killed[0] in r.details["ray"]["deaths"][0]
-        assert len(ev.slots) == 2 and ev.stats.replaced >= 1
-        assert ev.evaluate(HONEST).status == "ok"   # the replacement serves
-
     def test_a_candidate_that_kills_two_workers_is_a_runtime_error(self, ev):
         stop = threading.Event()
         killed = _kill_busy(2, stop)
@@ -111,6 +102,11 @@ class TestEvaluator:
         stop.set()
         assert len(killed) == 2
         assert r.status == "runtime_error" and "killed 2 evaluation workers" in r.message
+        assert all(name in r.message for name in killed)
+        # both dead actors were replaced, and the replacements serve (one kill alone costs a re-run: the
+        # run-level test below)
+        assert len(ev.slots) == 2 and ev.stats.replaced == 2 and ev.stats.reruns == 1
+        assert ev.evaluate(HONEST).status == "ok"
 
 
 def _args(base_url, out, cache, generations=1, ray_address="auto"):
