@@ -33,7 +33,6 @@ Design:
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import secrets
@@ -94,9 +93,8 @@ class RayEvaluator:
         self.device = device
         self._started_ray = _connect(address)
         kw = dict(evaluator_kwargs, device=device)
-        for key in ("log_dir",):
-            if kw.get(key):
-                kw[key] = os.path.abspath(kw[key])
+        if kw.get("log_dir"):
+            kw["log_dir"] = os.path.abspath(kw["log_dir"])
         kw["import_dirs"] = [os.path.abspath(d) for d in kw.get("import_dirs") or []]
         self._payload = {"reference_src": reference_src, "evaluator_kwargs": kw,
                          "driver_node": ray.get_runtime_context().get_node_id()}
