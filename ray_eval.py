@@ -331,9 +331,11 @@ def one_gpu_model(infos: list[dict]) -> str:
 
 
 def drop_credentials(environ) -> list[str]:
-    """Remove from `environ` what the evaluator's scrubbing rule treats as a credential; returns the names."""
+    """Remove from `environ` what the evaluator's scrubbing rule treats as a credential; returns the names.
+    Ray's own settings (RAY_*, e.g. a cluster's RAY_AUTH_TOKEN) stay with the actor that Ray runs; the
+    evaluator still keeps them from candidate processes."""
     kept = evaluate_kernel.scrubbed_env()
-    gone = [k for k in list(environ) if k not in kept]
+    gone = [k for k in list(environ) if k not in kept and not k.startswith("RAY_")]
     for k in gone:
         del environ[k]
     return gone

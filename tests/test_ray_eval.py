@@ -169,3 +169,11 @@ def test_without_ray_nothing_imports_it():
     code = "import sys, run; run.cli.parse_args(['--task', 'conv_groupnorm_small']); print('ray' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_an_actor_drops_credentials_but_keeps_rays_own_settings():
+    env = {"GEMINI_API_KEY": "k", "OPENAI_API_KEY": "k", "HF_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
+           "RAY_AUTH_TOKEN": "cluster", "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "1"}
+    gone = ray_eval.drop_credentials(env)
+    assert sorted(gone) == ["AWS_SECRET_ACCESS_KEY", "GEMINI_API_KEY", "HF_TOKEN", "OPENAI_API_KEY"]
+    assert env == {"RAY_AUTH_TOKEN": "cluster", "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "1"}
