@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import socket
 import tempfile
@@ -50,6 +51,8 @@ import evaluate_kernel
 from evaluate_kernel import EvalResult
 
 ACTOR_PREFIX = "pacevolve-eval-"
+# the names the evaluator also keeps from candidate processes
+CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
 MAX_DEATHS = 2            # actors an evaluation may kill before it counts as the candidate's fault
 LOCAL = "local"           # --ray local: start a Ray instance on this machine
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -331,11 +334,10 @@ def one_gpu_model(infos: list[dict]) -> str:
 
 
 def drop_credentials(environ) -> list[str]:
-    """Remove from `environ` what the evaluator's scrubbing rule treats as a credential; returns the names.
+    """Remove from `environ` every variable whose name looks like a credential; returns the names.
     Ray's own settings (RAY_*, e.g. a cluster's RAY_AUTH_TOKEN) stay with the actor that Ray runs; the
     evaluator still keeps them from candidate processes."""
-    kept = evaluate_kernel.scrubbed_env()
-    gone = [k for k in list(environ) if k not in kept and not k.startswith("RAY_")]
+    gone = [k for k in list(environ) if CREDENTIAL.search(k) and not k.startswith("RAY_")]
     for k in gone:
         del environ[k]
     return gone
