@@ -203,7 +203,7 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--seed", type=int, default=Config.seed, help="seed for every random choice of the search")
     a("--out", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
     a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
-      "--base-url, --provider, --secondary-model, --gpus, --generations and --token-budget may change")
+      "--base-url, --provider, --secondary-model, --gpus, --ray, --generations and --token-budget may change")
     a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and "
                                           "source, so runs re-use each other's measurements")
     a("--beta", type=_fraction, default=Config.beta, help="momentum decay beta (§3.2), 0 < beta < 1")

@@ -28,8 +28,8 @@ Design:
 * What travels. To an actor: the reference source, the Evaluator's options (device, tolerances, TF32, log
   and import folders) and candidate sources; back: EvalResult dicts. Never the driver's environment: the
   code travels as a Ray working_dir (this folder, run directories and caches left out), and an actor drops
-  credential-looking variables (the evaluator's own rule) that it inherited from whoever started Ray on
-  its node, before it starts anything.
+  credential-looking variables (the names the evaluator keeps from candidates) that it inherited from
+  whoever started Ray on its node, before it starts anything.
 """
 from __future__ import annotations
 
@@ -105,7 +105,6 @@ class RayEvaluator:
         self._options = dict(resources, max_restarts=0, max_task_retries=0, max_concurrency=max_concurrency)
         self._token = secrets.token_hex(4)
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._start_timeout_s = start_timeout_s
         self.stats = Stats()
         self.model: str | None = None
