@@ -55,12 +55,15 @@ class Config:
     allow_tf32: bool = False
     quiet: bool = False
     report: str | None = None
+    ray: str | None = None
+    ray_cpus: int = 1
+    ray_actors: int | None = None
 
 
 # What --resume may change (the search state does not depend on it), and why the rest may not.
 RESUME_MAY_CHANGE = {"model", "provider", "base_url", "secondary_model", "temperature", "max_output_tokens",
                      "gpus", "generations", "token_budget", "max_llm_failures", "reference_limit", "quiet",
-                     "resume", "eval_cache"}
+                     "resume", "eval_cache", "ray", "ray_cpus", "ray_actors"}
 RESUME_REFUSES = {
     "task": "the checkpoint's programs and scores belong to the saved task",
     "device": "the saved scores were measured on the saved device",
@@ -200,7 +203,7 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--seed", type=int, default=Config.seed, help="seed for every random choice of the search")
     a("--out", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
     a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
-      "--base-url, --provider, --secondary-model, --gpus, --generations and --token-budget may change")
+      "--base-url, --provider, --secondary-model, --gpus, --ray, --generations and --token-budget may change")
     a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and "
                                           "source, so runs re-use each other's measurements")
     a("--beta", type=_fraction, default=Config.beta, help="momentum decay beta (§3.2), 0 < beta < 1")
@@ -227,6 +230,13 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--allow-tf32", action="store_true",
       help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
     a("--quiet", action="store_true", help="no per-generation progress lines")
+    a("--ray", metavar="ADDRESS", help="evaluate on a Ray cluster: one actor per GPU (auto: the cluster "
+      "this machine belongs to; ray://HEAD:10001; local: a Ray instance on this machine alone); needs "
+      "pip install -r requirements-ray.txt")
+    a("--ray-cpus", type=_count, default=Config.ray_cpus,
+      help="with --ray and a CPU task: CPUs each evaluation actor asks Ray for")
+    a("--ray-actors", type=_count, help="with --ray: at most this many evaluation actors (default: one "
+                                        "per GPU of the cluster, or per --ray-cpus CPUs for a CPU task)")
     a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
                                       "or killed) and exit")
     return p

@@ -110,10 +110,30 @@ def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.Ru
     folder = rundir_mod.task_settings(task).get("file")
     if folder:   # a problem file may import a module beside it
         kw["import_dirs"] = [os.path.dirname(folder)]
+    if cfg.ray:
+        return _ray_evaluator(cfg, task, kw)
     try:
         return evaluate_kernel.Evaluator.for_task(task, **kw)
     except RuntimeError as e:
         raise SetupError(f"the reference does not start on {device}: {_reference_problem(e)}") from None
+
+
+def _ray_evaluator(cfg: Config, task: tasks.Task, kw: dict):
+    """The evaluator of --ray: actors on the cluster's GPUs (or CPUs), the same interface as a local one."""
+    if "gpus" in kw:
+        raise SetupError("--gpus picks this machine's GPUs; with --ray every GPU of the cluster gets an "
+                         "actor (use --ray-actors to use fewer)")
+    try:
+        import ray_eval
+    except ImportError as e:
+        raise SetupError(f"--ray needs Ray ({e}): pip install -r requirements-ray.txt") from None
+    try:
+        return ray_eval.RayEvaluator.for_task(task, address=cfg.ray, cpus_per_actor=cfg.ray_cpus,
+                                              max_actors=cfg.ray_actors, **kw)
+    except ray_eval.ClusterError as e:
+        raise SetupError(f"--ray {cfg.ray}: {e}") from None
+    except RuntimeError as e:
+        raise SetupError(f"the reference does not start on the Ray cluster: {_reference_problem(e)}") from None
 
 
 def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: Config, device: str,
