@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import linecache
 import os
 import re
 import shlex
@@ -65,6 +66,8 @@ def _exec_source(src: str, filename: str) -> dict:
     import types
     module = types.ModuleType(f"pacevolve_{filename.strip('<>')}")
     sys.modules[module.__name__] = module
+    # Registered as the source of its file name, so inspect.getsource works (torch.jit.script needs it).
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     exec(compile(src, filename, "exec"), module.__dict__)  # noqa: S102 - the harness, not the candidate
     return module.__dict__
 

@@ -72,8 +72,10 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
     """Elementwise |out-ref| <= rtol*|ref| + atol*RMS(ref) and ||out-ref||/||ref|| <= l2_tol, per output.
 
     The absolute term scales with the output's RMS: honest kernels with another summation order differ
-    most where outputs are near zero, while degenerate outputs (zeros for a softmax, hack 13) fail the
-    relative-L2 bound regardless of how small the outputs are.
+    most where outputs are near zero, while degenerate outputs (zeros for a softmax) fail the relative-L2
+    bound regardless of how small the outputs are. Non-finite reference values are handled explicitly, so
+    no check can skip itself: the output must have inf/nan at exactly the same places (infinities with
+    the same sign), and both bounds are applied to the finite part (an infinite RMS would accept anything).
     """
     import torch
     if len(outs) != len(refs):
@@ -87,14 +89,23 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
         if o.dtype != r.dtype:
             return {"ok": False, "reason": f"output {i} has dtype {o.dtype}, expected {r.dtype}"}
         o = o.to(r.device)
-        if not torch.isfinite(o).all() and torch.isfinite(r).all():
-            bad = (~torch.isfinite(o)).nonzero()[0].tolist()
-            return {"ok": False, "reason": f"output {i} has non-finite values (first at index {bad})"}
         if o.numel() == 0:
             continue
         of, rf = o.double(), r.double()
-        diff = (of - rf).abs().nan_to_num(0.0)
-        rms = rf.pow(2).mean().sqrt().item()
+        finite = torch.isfinite(rf)
+        same_special = (torch.isnan(of) == torch.isnan(rf)) & ((of == rf) | finite | torch.isnan(rf))
+        bad_mask = ~same_special | (finite & ~torch.isfinite(of))
+        if bool(bad_mask.any()):
+            j = int(bad_mask.reshape(-1).nonzero()[0])
+            idx = [int(v) for v in torch.unravel_index(torch.tensor(j), o.shape)] if o.dim() else []
+            return {"ok": False, "reason": f"output {i} has non-finite values where the reference has none, or "
+                    f"not the reference's inf/nan (first at index {idx}: got {of.reshape(-1)[j].item():.6g}, "
+                    f"expected {rf.reshape(-1)[j].item():.6g})"}
+        if not bool(finite.any()):
+            continue  # every value is inf/nan and matched exactly above
+        of, rf = torch.where(finite, of, 0.0), torch.where(finite, rf, 0.0)
+        diff = (of - rf).abs()
+        rms = (rf.pow(2).sum() / finite.sum()).sqrt().item()
         bound = rtol * rf.abs() + atol * rms
         ref_norm = rf.norm().item()
         rel_l2 = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
@@ -106,7 +117,7 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
         worst["rel_l2"] = max(worst["rel_l2"], rel_l2)
         elem_ok, l2_ok = excess.view(-1)[j].item() <= 0, rel_l2 <= l2_tol
         if not (elem_ok and l2_ok) and worst["ok"]:
-            why = [] if elem_ok else [f"elementwise bound rtol*|ref|+atol*RMS(ref) exceeded"]
+            why = [] if elem_ok else ["elementwise bound rtol*|ref|+atol*RMS(ref) exceeded"]
             why += [] if l2_ok else [f"relative L2 error {rel_l2:.3g} > {l2_tol:.3g}"]
             worst.update(ok=False, reason=f"output {i}: " + "; ".join(why) +
                          f"; worst at index {[int(v) for v in idx]}: got {of.view(-1)[j].item():.6g}, "
@@ -114,6 +125,46 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
                          f"RMS(ref) {rms:.3g})")
     return worst
 
+
+def call_seed(seed: int, i: int) -> int:
+    """The input seed of timed call i in a batch whose seed the parent sent when the batch started."""
+    return int(hashlib.sha256(f"{seed}:{i}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+def output_digest(outs: list, weights: dict | None = None):
+    """A 64-bit commitment to the exact bits of a call's outputs, as a 0-d int64 tensor on their device.
+
+    Sum over elements of bits * w (w odd, from the element's index), in int64, per output, mixed across
+    outputs: one pass over the output on its device, no copy to the host, exact on any device. The runner
+    sends the digests of all calls before the parent says which outputs to ship; the reference worker
+    recomputes the digest of what was shipped, so an output shipped later must be bit-identical to the one
+    that existed when its digest was sent. `weights` caches w per (size, device).
+    """
+    import torch
+    weights = {} if weights is None else weights
+    total = None
+    for k, o in enumerate(outs):
+        bits = _bits(o.detach().contiguous().reshape(-1))
+        key = (bits.numel(), str(bits.device))
+        if key not in weights:
+            idx = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device)
+            weights[key] = ((idx * 0x1E3779B97F4A7C15 + 0x232BE59BD9B4E019) >> 17) | 1
+        d = (bits.to(torch.int64) * weights[key]).sum() * (2 * k + 3)
+        total = d if total is None else total + d
+    return total if total is not None else torch.zeros((), dtype=torch.int64)
+
+
+def _bits(flat):
+    import torch
+    if flat.dtype == torch.bool:
+        return flat.view(torch.uint8)
+    size = flat.element_size()
+    if size == 8:
+        return flat.view(torch.int64)
+    return flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[size])
+
+
+# Upper bounds of what the hardware can do (a runtime below them is physically impossible).
 _PEAKS = {"H100": (3.9e12, 1.0e15), "H200": (5.2e12, 1.0e15), "A100": (2.1e12, 3.2e14), "B200": (8.5e12, 2.5e15)}
 _DISTS = ("own", "own", "scaled", "negated", "zero_mean", "per_sample")
 
@@ -131,9 +182,13 @@ class Options:
     inputs_on_device: bool = True  # get_inputs() draws on the timing device (False: on the CPU, then copied)
     pin_cpus: bool = True  # a reserved core per device runner when there are enough cores
     timing_iters: int = 100
-    verify_calls: int = 3  # timed calls whose outputs are checked against the reference
-    host_calls: int = 10
+    verify_calls: int = 3  # timed calls whose outputs are checked against the reference (chosen afterwards),
+    # besides one call of every host round
+    host_calls: int = 10  # calls back to back per host round, each on inputs of its own ...
     host_rounds: int = 3
+    host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
+    keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
+    eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
     host_ratio: float = 3.0  # reject if event median * host_ratio < host per-call time ...
     host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
     lead_ms: float = 0.5  # the GPU held (_GpuHold) between the L2 flush and the start event; 0: KernelBench's protocol

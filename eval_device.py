@@ -37,7 +37,7 @@ class _Device:
 
     def _spawn(self) -> _Worker:
         """A runner process that imports torch at once, on the cores not reserved for timing."""
-        return self.ev._spawn_warm(self.env(), os.path.join(self.ev.cache_dir, f"run-{secrets.token_hex(6)}.log"))
+        return self.ev._spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"))
 
     def _prep(self, w: _Worker, lock_path: str | None) -> None:
         w.send(self.ev._job("prep", device=self.ev._torch_device(), gpu_lock=lock_path))
@@ -106,8 +106,9 @@ class _Device:
         return self.ev._env(**extra)
 
     def _start_ref(self) -> dict:
-        self.ref = _Worker(self.env(), os.path.join(self.ev.cache_dir, f"ref-{self.index}.log"))
-        self.ref.send(self.ev._job("ref", device=self.ev._torch_device(), cpus=self.ev._other_cpus))
+        self.ref = self.ev._new_worker(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
+        self.ref.send(self.ev._job("ref", device=self.ev._torch_device(), cpus=self.ev._other_cpus,
+                                   on_device=self.ev.opts.inputs_on_device))
         try:
             return self.ref.recv(timeout=300)
         except (TimeoutError, EOFError) as e:

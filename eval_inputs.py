@@ -133,8 +133,9 @@ def _poison(device, nbytes: int) -> None:
     torch.cuda.synchronize()
 
 
-def _check_outputs(out: Any, device) -> tuple[list | None, str]:
-    """Plain tensors with real storage on the expected device (hack 5: lazy tensor subclasses)."""
+def _check_outputs(out: Any, device, copy: bool = True) -> tuple[list | None, str]:
+    """Plain tensors with real storage on the expected device (not lazy tensor subclasses); copies on the
+    host unless copy=False."""
     import torch
     tensors = []
     for i, o in enumerate(_flat(out)):
@@ -144,7 +145,7 @@ def _check_outputs(out: Any, device) -> tuple[list | None, str]:
             return None, f"output {i} has no storage"
         if o.device.type != device.type:
             return None, f"output {i} is on {o.device}, expected {device.type}"
-        tensors.append(o.detach().clone().cpu())
+        tensors.append(o.detach().clone().cpu() if copy else o.detach())
     return tensors, ""
 
 

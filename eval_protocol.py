@@ -43,22 +43,28 @@ import sys
 import time
 
 from eval_common import _remove
+from eval_sandbox import MARK_ENV, kill_processes
 
 class _Worker:
-    """A subprocess running this file with --worker: own process group, scrubbed env, stdout to a log.
+    """A subprocess running eval_worker.py: own session, scrubbed env, stdout to its own log.
 
     Results travel on a private pipe, never on stdout, and every message must carry the job's nonce, so text
-    the candidate prints cannot pose as a result (it goes to the log only).
+    the candidate prints cannot pose as a result (it goes to the log only). The worker's environment
+    carries a marker, so kill() finds what it started however it was started (eval_sandbox.py).
     """
 
-    def __init__(self, env: dict[str, str], log_path: str, warm: bool = False):
+    def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, script: str | None = None,
+                 mark: str = ""):
         r, w = os.pipe()
         self.log_path = log_path
+        self.mark = mark or f"pv{secrets.token_hex(8)}"
         self._log = open(log_path, "ab")
+        script = script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_worker.py")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_worker.py"), "--worker", str(w)] + (["warm", str(os.getpid())] if warm else []),
-            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,), env=env,
-            start_new_session=True, preexec_fn=_die_with_parent_preexec() if warm else None)
+            [sys.executable, script, "--worker", str(w)] + (["warm", str(os.getpid())] if warm else []),
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),
+            env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
+            preexec_fn=_die_with_parent_preexec() if warm else None)
         os.close(w)
         self._rfd = r
         self._buf = b""
@@ -113,12 +119,16 @@ class _Worker:
         except OSError:
             return ""
 
-    def discard(self) -> None:
+    def discard(self) -> int:
         """Kill it and delete its log (a runner or spare whose output nobody will read)."""
-        self.kill()
+        strays = self.kill()
         _remove(self.log_path)
+        return strays
 
-    def kill(self) -> None:
+    def kill(self) -> int:
+        """Kill the worker and every process it started (found while the worker still lives, so its
+        descendants are found by ancestry); returns how many such processes there were."""
+        strays = kill_processes({self.proc.pid}, self.mark)
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # the whole group: compilers, stray children
@@ -130,6 +140,7 @@ class _Worker:
                 closer()
             except OSError:
                 pass
+        return strays
 
 class _LineReader:
     """Lines from stdin, read unbuffered, so "is a line waiting?" has an honest answer (select on a

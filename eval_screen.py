@@ -143,8 +143,10 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
             if name in _CALL_RULES:
                 out.append((_CALL_RULES[name], node.lineno, f"{name}(...)"))
             if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2 \
-                    and not isinstance(node.args[1], (ast.Constant, ast.JoinedStr)):
-                # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames).
+                    and not isinstance(node.args[1], (ast.Constant, ast.JoinedStr)) \
+                    and not (name in ("getattr", "hasattr") and _dotted(node.args[0]) == "self"):
+                # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames);
+                # getattr(self, name) over the model's own layer names is ordinary PyTorch.
                 out.append(("introspection", node.lineno, f"{name} with a computed attribute name"))
             if name in ("setattr", "delattr") and node.args and _dotted(node.args[0]).split(".")[0] in module_alias:
                 out.append(("patching", node.lineno, f"{name}({_dotted(node.args[0])}, ...)"))

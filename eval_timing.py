@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from eval_common import _flat
-from eval_inputs import _check_outputs, _clone_inputs, _make_inputs, _sync
+from eval_common import _flat, call_seed, output_digest
+from eval_inputs import _check_outputs, _make_inputs, _sync
 
 def _reset_persisting_l2(device) -> None:
     # Hack 15: lines marked persisting survive an L2 flush; with a zero persisting limit none can exist.
@@ -29,44 +29,52 @@ def _reset_persisting_l2(device) -> None:
         return
 
 
-def _time_model(model, ref_ns: dict, job: dict, device, hold: "_GpuHold | None") -> dict:
-    """Many calls, each on fresh input contents after an L2 flush and a lead (_GpuHold), timed from the
-    lead's end to the end of the call's stream; after each, how long the whole device stayed busy beyond
-    that (the tail)."""
+def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", send, recv) -> None:
+    """The whole timing conversation of a runner: event phase, host rounds, then shipping revealed outputs.
+
+    Event phase: many calls, each on inputs drawn fresh from the seed the parent sent with "time", after
+    an L2 flush and a lead (_GpuHold), timed from the lead's end to the end of the call's stream; after
+    each, how long the whole device stayed busy beyond that (the tail). Every call's output digest is sent
+    with the samples. Host rounds: on each "go", N calls back to back on inputs drawn from that message's
+    seed, then the digests of all N outputs, which the parent's own clock brackets. Then "reveal" names
+    the calls whose outputs are shipped for the reference worker to check against the digests.
+    """
     import torch
-    t = job["timing"]
-    bases = [_make_inputs(ref_ns, spec, device) for spec in t["input_specs"]]
-    # Hack 7 (caching by pointer or fingerprint): >= 2 buffer sets kept alive (pointers alternate) and
-    # refilled before every call with a base set times a fresh random scale, so no two calls see the same data.
-    bufs = [_clone_inputs(bases[i % len(bases)]) for i in range(2)]
+    msg = recv()
+    if msg.get("cmd") != "time":
+        return
+    seed, on_device = msg["seed"], t["on_device"]
+    weights: dict = {}
+    kept: dict = {}  # ("t", i) or ("h", round, i) -> outputs, while within keep_bytes
+    budget = [t["keep_bytes"]]
+
+    def draw(s: int, i: int | None = None) -> list:  # i None: s is the input seed itself
+        s = s if i is None else call_seed(s, i)
+        return _make_inputs(ref_ns, {"seed": s, "dist": "own", "on_device": on_device}, device)
+
+    def keep(key, out) -> None:
+        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
+        size = sum(o.numel() * o.element_size() for o in outs)
+        if size <= budget[0]:
+            budget[0] -= size
+            kept[key] = _flat(out)
+
     flush = torch.empty(t["flush_bytes"] // 4, dtype=torch.float32, device=device) if device.type == "cuda" else None
-    rng = __import__("random").Random(t["seed"])
-    plan = [(rng.randrange(len(bases)), 1.0 + rng.uniform(-0.05, 0.05)) for _ in range(t["iters"])]
-    verify = set(t["verify"])
-
-    def refill(buf, base, scale):
-        for b, x in zip(buf, base):
-            if isinstance(b, torch.Tensor):
-                b.copy_(x)
-                if b.is_floating_point():
-                    b.mul_(scale)
-
-    samples, plain, queue, tails, checked = [], [], [], [], []
+    samples, plain, queue, tails, digests = [], [], [], [], []
     with torch.no_grad():
         # Warm-up: at least `warmup` calls and `warmup_ms` of work, so clocks and caches reach steady state.
         t_end, i = time.perf_counter() + t["warmup_ms"] / 1e3, 0
         while i < t["warmup"] or time.perf_counter() < t_end:
-            refill(bufs[i % 2], bases[0], 1.0)
+            xs = draw(seed ^ 0x5A5A5A5A, i)
             if flush is not None:
                 flush.fill_(0.0)
-            model(*bufs[i % 2])
+            model(*xs)
             _sync(device)
             i += 1
         cycles_per_ms = _spin_cycles_per_ms() if flush is not None else 0.0
         lead_ms = t.get("lead_ms", 0.0) if hold is not None else 0.0
-        for i, (d, scale) in enumerate(plan):
-            buf = bufs[i % 2]
-            refill(buf, bases[d], scale)
+        for i in range(t["iters"]):
+            xs = draw(seed, i)
             if flush is not None:
                 start, end, device_end, idle, idle_end = (torch.cuda.Event(enable_timing=True) for _ in range(5))
                 torch.cuda.synchronize()
@@ -81,16 +89,14 @@ def _time_model(model, ref_ns: dict, job: dict, device, hold: "_GpuHold | None")
                     hold(lead_ms)
                 start.record()
                 q0 = time.perf_counter()
-                out = model(*buf)
+                out = model(*xs)
                 if not with_lead:  # a call that waits on the GPU inside would also wait for the lead
                     queue.append((time.perf_counter() - q0) * 1e3)
                 end.record()
-                # Hacks 3/4: then the whole device. Work still running on another stream makes the device
-                # finish after the call's stream: a tail, which the parent rejects when it is systematic.
-                # The host's own delay in noticing that the device is done (0.02-0.1 ms, longer after longer
-                # waits, varying from second to second) is measured right after by waiting as long for a GPU
-                # spin, and taken off: it is not work. (Only a non-blocking stream, which the screen refuses,
-                # could also start during the flush: at most the flush's ~0.07 ms.)
+                # Then the whole device: work still running on another stream makes the device finish after
+                # the call's stream, a tail, which the parent rejects when it is systematic. The host's own
+                # delay in noticing that the device is done (0.02-0.1 ms, varying from second to second) is
+                # measured right after by waiting as long for a GPU spin, and taken off: it is not work.
                 torch.cuda.synchronize()
                 device_end.record()
                 ms = start.elapsed_time(end)
@@ -103,23 +109,70 @@ def _time_model(model, ref_ns: dict, job: dict, device, hold: "_GpuHold | None")
                 tails.append(end.elapsed_time(device_end) - idle.elapsed_time(idle_end))
             else:
                 t0 = time.perf_counter()
-                out = model(*buf)
+                out = model(*xs)
                 samples.append((time.perf_counter() - t0) * 1e3)
-            if i in verify:
-                tensors, problem = _check_outputs(out, device)
-                if tensors is None:
-                    raise RuntimeError(f"timed call {i}: {problem}")
-                checked.append({"iter": i, "base": d, "scale": scale, "out": tensors})
+            tensors, problem = _check_outputs(out, device, copy=False)
+            if tensors is None:
+                raise RuntimeError(f"timed call {i}: {problem}")
+            digests.append(output_digest(tensors, weights))
+            keep(("t", i), tensors)
             del out
-    path = os.path.join(job["work_dir"], "timed.pt")
-    torch.save({"checked": [c["out"] for c in checked]}, path)
-    host = _host_phase(model, bufs, device, t)
+        out_bytes = sum(o.numel() * o.element_size() for o in tensors)
+        in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+        send({"kind": "timed", "samples": samples, "tails": tails, "lead_ms": lead_ms, "plain_samples": plain,
+              "queue_ms": queue, "io_bytes": in_bytes + out_bytes, "digests": _ints(digests)})
+        reveal = _host_rounds(model, draw, keep, weights, device, t, send, recv)
+    _ship(model, draw, kept, device, t, send, reveal)
+
+
+def _ints(digests: list) -> list[str]:
+    import torch
+    return [str(v) for v in torch.stack(digests).tolist()] if digests else []
+
+
+def _host_rounds(model, draw, keep, weights: dict, device, t: dict, send, recv) -> dict:
+    """On each "go": N calls back to back on inputs drawn from its seed, one sync, the N digests.
+
+    The inputs are unknown before "go" and the digests commit to every output's bits, so the work cannot
+    happen before the parent's clock starts or after it stops; the parent keeps the fastest round.
+    """
+    n = t["host_calls"]
+    while True:
+        msg = recv()
+        if msg.get("cmd") != "go":
+            return msg  # the next command: "reveal"
+        # Distinct contents for every call while they fit in host_bytes (the parent sets how many: a cache
+        # keyed on contents or pointers then has nothing to find); beyond that, calls cycle through them.
+        sets = [draw(msg["seed"], i) for i in range(min(n, msg["sets"]))]
+        digests = []
+        for i in range(n):
+            out = _flat(model(*sets[i % len(sets)]))
+            digests.append(output_digest(out, weights))
+            keep(("h", msg["round"], i), out)
+        _sync(device)
+        send({"kind": "round", "digests": _ints(digests)})
+
+
+def _ship(model, draw, kept: dict, device, t: dict, send, msg: dict) -> None:
+    """Save the outputs of the calls the parent names now; a call not kept is computed again from its seed
+    (its digest, sent long before, says whether the result is the same)."""
+    import torch
+    if msg.get("cmd") != "reveal":
+        return
+    shipped = []
     with torch.no_grad():
-        out_bytes = sum(o.numel() * o.element_size() for o in _flat(model(*bufs[0])) if isinstance(o, torch.Tensor))
-    in_bytes = sum(x.numel() * x.element_size() for x in bases[0] if isinstance(x, torch.Tensor))
-    return {"samples": samples, "tails": tails, "verify": [{k: c[k] for k in ("iter", "base", "scale")} for c in checked],
-            "path": path, "io_bytes": in_bytes + out_bytes, "lead_ms": lead_ms, "plain_samples": plain,
-            "queue_ms": queue, **host}
+        for call in msg["calls"]:
+            key = tuple(call["key"])
+            out = kept.get(key)
+            if out is None:
+                out = _flat(model(*draw(call["seed"])))
+            tensors, problem = _check_outputs(out, device)
+            if tensors is None:
+                raise RuntimeError(f"timed call {key}: {problem}")
+            shipped.append(tensors)
+    path = os.path.join(t["work_dir"], "shipped.pt")
+    torch.save({"shipped": shipped}, path)
+    send({"kind": "shipped", "path": path})
 
 
 # Every thread spins until one deadline, set by whichever thread starts first (compare-and-swap on a zeroed
@@ -210,19 +263,3 @@ def _spin_cycles_per_ms() -> float:
     end.record()
     end.synchronize()
     return 2_000_000 / max(start.elapsed_time(end), 1e-3)
-
-
-def _host_phase(model, bufs, device, t: dict) -> dict:
-    """N back-to-back calls ending in one sync, bracketed by messages the parent timestamps itself."""
-    import torch
-    send, n = t["_send"], t["host_calls"]
-    with torch.no_grad():
-        for _ in range(t["host_rounds"]):  # the parent keeps the fastest round: load only ever slows a round
-            _sync(device)
-            send({"kind": "host_start"})
-            for i in range(n):
-                model(*bufs[i % 2])
-            _sync(device)
-            send({"kind": "host_end"})
-    return {"host_calls": n}
-

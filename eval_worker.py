@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from eval_build import _exec_source, _install_build_defaults
-from eval_common import _flat, compare_outputs
+from eval_common import _flat, compare_outputs, output_digest
 from eval_inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                          _setup_torch, _short_traceback, _sync)
 from eval_protocol import _LineReader, _check_parent
@@ -193,15 +193,15 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     marks["trials_done"] = time.time()
     send({"kind": "outputs", "path": path, "names": cand_names, "flags": flags, "load_s": load_s,
           "check_s": time.perf_counter() - t_check, "marks": marks})
-    if recv().get("cmd") != "time":
-        return
+    timing = dict(job["timing"], work_dir=job["work_dir"])
     try:
-        timing = _time_model(models[(job["trials"][0]["weight_seed"], False)][0], ref_ns, job, device, state["hold"])
+        _time_model(models[(job["trials"][0]["weight_seed"], False)][0], ref_ns, timing, device, state["hold"],
+                    send, recv)
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "timing", "error": _short_traceback(e), "flags": flags})
         return
-    flags += guard.problems("after timing")
-    send(dict(timing, kind="timed", flags=flags))
+    send({"kind": "done", "flags": flags + guard.problems("after timing")})
+
 
 def _role_ref(job: dict, send, recv) -> None:
     """Persistent reference worker: device info, reference outputs and every comparison. Never sees candidates."""
@@ -211,7 +211,10 @@ def _role_ref(job: dict, send, recv) -> None:
     ref_ns = _exec_source(job["reference_src"], "<reference>")
     models: dict[tuple, Any] = {(42, False): _build_model(ref_ns["Model"], ref_ns, 42, False, device)[0]}
     prepared: dict[str, list] = {}
-    send({"kind": "ready", "ref_names": _small_param_names(models), **_device_info(device)})
+    xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
+    in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+    del xs
+    send({"kind": "ready", "ref_names": _small_param_names(models), "in_bytes": in_bytes, **_device_info(device)})
     while True:
         req = recv()
         if req.get("cmd") == "quit":
@@ -240,13 +243,12 @@ def _role_ref(job: dict, send, recv) -> None:
 
 
 def _perturbed(item: dict) -> bool:
-    # The weight perturbation applies only when the candidate's parameter names match the reference's.
-    return item["spec"]["perturb"] and item.get("names_match", False)
+    return bool(item["spec"]["perturb"])
 
 
 def _item_key(item: dict) -> str:
     spec = item["spec"]
-    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], _perturbed(item), item.get("scale", 1.0)])
+    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], _perturbed(item)])
 
 
 def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
@@ -258,13 +260,13 @@ def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
         models.clear()  # keep at most one set of weights resident
         models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], perturb, device)[0]
     xs = _make_inputs(ref_ns, spec, device)
-    if item.get("scale", 1.0) != 1.0:
-        xs = [x * item["scale"] if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
     with torch.no_grad():
         return [r.detach() for r in _flat(models[key](*xs))]
 
 
 def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) -> dict:
+    """Compare the saved outputs with the reference's; where an item carries a digest, the saved output must
+    also be the one the runner committed to while it was timed (digest recomputed here, on our device)."""
     import torch
     loaded = torch.load(req["path"], map_location="cpu", weights_only=True)  # tensors only: nothing executes
     if not isinstance(loaded, dict):
@@ -272,12 +274,20 @@ def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) 
     results = []
     produced = loaded.get(req["field"], [])
     for item in req["items"]:
-        if item["index"] >= len(produced):
-            raise ValueError("fewer outputs than trials")
+        if item["index"] >= len(produced) or not isinstance(produced[item["index"]], list):
+            results.append({"ok": False, "reason": "an output the evaluator asked for is missing"})
+            continue
         ref = prepared.pop(_item_key(item), None)
         if ref is None:
             ref = _reference_outputs(item, ref_ns, models, device)
-        results.append(compare_outputs(produced[item["index"]], ref, req["rtol"], req["atol"], req["l2_tol"]))
+        got = produced[item["index"]]
+        result = compare_outputs(got, ref, req["rtol"], req["atol"], req["l2_tol"])
+        if result["ok"] and "digest" in item:
+            on_device = [o.to(device) for o in got]
+            if str(int(output_digest(on_device))) != item["digest"]:
+                result = {"ok": False, "reason": "the output shipped afterwards is not the one whose digest was sent "
+                          "right after the call (computed later, or changed since)"}
+        results.append(result)
     return {"kind": "compared", "results": results, "ref_names": _small_param_names(models)}
 
 
@@ -294,8 +304,26 @@ def _device_info(device) -> dict:
         p = torch.cuda.get_device_properties(device)
         info.update(device_name=p.name, capability=[p.major, p.minor], total_mem=p.total_memory,
                     l2_bytes=getattr(p, "L2_cache_size", 50 << 20), sms=p.multi_processor_count,
-                    cudnn=torch.backends.cudnn.version())
+                    cudnn=torch.backends.cudnn.version(), mem_bw_bytes_per_s=_copy_bandwidth(device))
     return info
+
+
+def _copy_bandwidth(device, nbytes: int = 256 << 20, tries: int = 5) -> float:
+    """Bytes moved per second by a device-to-device copy of nbytes (read + write), best of a few."""
+    import torch
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(tries):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (best / 1e3)
 
 
 def _pin_all_threads(cpus: list[int]) -> None:
@@ -311,6 +339,7 @@ def _pin_all_threads(cpus: list[int]) -> None:
             pass
 
 def _worker_main() -> None:
+    _become_subreaper()
     fd = int(sys.argv[2])
     chan = os.fdopen(fd, "wb", buffering=0)
     stdin = _LineReader()
@@ -342,8 +371,6 @@ def _worker_main() -> None:
     if job.get("cpus"):
         _pin_all_threads(job["cpus"])  # also inherited by compilers the candidate's build starts
     os.environ.update(job.get("env", {}))  # build dir and arch list of this candidate
-    if job.get("timing"):
-        job["timing"]["_send"] = send
     role = job["role"]
     if role == "build":
         _role_build(job, send)
@@ -352,7 +379,22 @@ def _worker_main() -> None:
     elif role == "ref":
         _role_ref(job, send, stdin.readline)
     sys.stdout.flush()
+    chan.close()
+    # Stay alive until the evaluator lets go (stdin closes, or it kills us): while we live, everything the
+    # candidate started is our descendant, so the evaluator finds it by ancestry.
+    while stdin.readline().get("cmd") != "quit":
+        pass
     os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks or finalizers must not run late
+
+
+def _become_subreaper() -> None:
+    """Orphans of our descendants (a daemon that forked twice, setsid or not) are re-parented to us, not to
+    init, so they stay in our tree for the evaluator's sweep."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--worker":
     _worker_main()
