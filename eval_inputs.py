@@ -23,19 +23,14 @@ def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
     get_inputs() runs with the timing device as the default device, so its random tensors come from that
     device's generator (drawing 64 MB on the CPU took ~0.1 s, on the GPU well under a millisecond). The
     reference worker and the candidate process share the GPU and the seed, so they draw identical inputs.
-    Scaled, negated, zero-mean and per-sample inputs expose shortcuts tuned to all-positive i.i.d. data
-    (hacks 8, 11, 12, 14); the seeds are drawn per evaluation, unknown when the candidate was written.
+    Scaled, negated, zero-mean and per-sample inputs expose shortcuts tuned to all-positive i.i.d. data;
+    the seeds are drawn per evaluation, unknown when the candidate was written. With "set_index" j in the
+    spec: the j-th of the sets _draw_sets() draws after one seeding (a host round's inputs).
     """
     import torch
-    draw_on = device if spec.get("on_device", True) else torch.device("cpu")
-    _set_seed(spec["seed"])
-    try:
-        with torch.device(draw_on):
-            xs = list(ref_ns["get_inputs"]())
-    except Exception:  # noqa: BLE001 - a get_inputs() that needs CPU tensors (.numpy() etc.) runs on the CPU
-        draw_on = torch.device("cpu")
-        _set_seed(spec["seed"])
-        xs = list(ref_ns["get_inputs"]())
+    if "set_index" in spec:
+        return _draw_sets(ref_ns, spec["seed"], spec["set_index"] + 1, device, spec.get("on_device", True))[-1]
+    xs, draw_on = _draw_sets(ref_ns, spec["seed"], 1, device, spec.get("on_device", True), to_device=False)[0]
     gen = torch.Generator(device=draw_on).manual_seed(spec["seed"] + 1)
     out = []
     for x in xs:
@@ -44,6 +39,24 @@ def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
             x = x.to(device)
         out.append(x)
     return out
+
+
+def _draw_sets(ref_ns: dict, seed: int, n: int, device, on_device: bool = True, to_device: bool = True) -> list:
+    """n input sets from get_inputs() after one seeding, on the timing device (or the CPU when get_inputs()
+    needs it); with to_device=False, one (set, device drawn on) pair instead."""
+    import torch
+    draw_on = device if on_device else torch.device("cpu")
+    _set_seed(seed)
+    try:
+        with torch.device(draw_on):
+            sets = [list(ref_ns["get_inputs"]()) for _ in range(n)]
+    except Exception:  # noqa: BLE001 - a get_inputs() that needs CPU tensors (.numpy() etc.) runs on the CPU
+        draw_on = torch.device("cpu")
+        _set_seed(seed)
+        sets = [list(ref_ns["get_inputs"]()) for _ in range(n)]
+    if not to_device:
+        return [(sets[0], draw_on)]
+    return [[x.to(device) if isinstance(x, torch.Tensor) else x for x in xs] for xs in sets]
 
 
 def _transform(x, dist: str, gen):

@@ -162,15 +162,15 @@ def _converse_timing(ev, w: _Worker, job: dict, recv, deadline: float, details: 
             return _forged(details, "a host round reported digests for another number of calls than it ran")
         round_msgs.append((go, msg))
     rng = secrets.SystemRandom()  # chosen now, after every output it may name was committed to
-    calls = [{"key": ["t", i], "seed": call_seed(seed, i), "digest": timed["digests"][i]}
+    calls = [{"key": ["t", i], "spec": {"seed": call_seed(seed, i), "dist": "own"}, "digest": timed["digests"][i]}
              for i in sorted(rng.sample(range(t["iters"]), min(ev.opts.verify_calls, t["iters"])))]
     for go, msg in round_msgs:
         i = rng.randrange(t["host_calls"])
-        calls.append({"key": ["h", go["round"], i], "seed": call_seed(go["seed"], i % go["sets"]),
-                      "digest": msg["digests"][i]})
+        calls.append({"key": ["h", go["round"], i], "digest": msg["digests"][i],
+                      "spec": {"seed": go["seed"], "dist": "own", "set_index": i % go["sets"]}})
     if job["mode"] != "candidate":
         calls = []
-    w.send({"cmd": "reveal", "calls": [{"key": c["key"], "seed": c["seed"]} for c in calls]})
+    w.send({"cmd": "reveal", "calls": [{"key": c["key"], "spec": c["spec"]} for c in calls]})
     shipped = recv()
     if shipped["kind"] != "shipped":
         return _failure(shipped, details)
@@ -290,9 +290,8 @@ def _verify_shipped(ev, dev: _Device, calls: list, path: str, details: dict) -> 
     or short verification is a failure, never a pass."""
     if not calls:
         return _forged(details, "no timed output could be verified")
-    items = [{"spec": {"seed": c["seed"], "dist": "own", "weight_seed": 42, "perturb": False,
-                       "on_device": ev.opts.inputs_on_device}, "index": k, "digest": c["digest"]}
-             for k, c in enumerate(calls)]
+    items = [{"spec": dict(c["spec"], weight_seed=42, perturb=False, on_device=ev.opts.inputs_on_device),
+              "index": k, "digest": c["digest"]} for k, c in enumerate(calls)]
     reply = dev.ref_call({"cmd": "compare", "path": path, "field": "shipped", "items": items,
                           "rtol": ev.rtol, "atol": ev.atol, "l2_tol": ev.l2_tol})
     results = reply.get("results") or []

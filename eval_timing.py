@@ -12,7 +12,7 @@ import sys
 import time
 
 from eval_common import _flat, call_seed, output_digest
-from eval_inputs import _check_outputs, _make_inputs, _sync
+from eval_inputs import _check_outputs, _draw_sets, _make_inputs, _sync
 
 def _reset_persisting_l2(device) -> None:
     # Hack 15: lines marked persisting survive an L2 flush; with a zero persisting limit none can exist.
@@ -48,9 +48,8 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
     kept: dict = {}  # ("t", i) or ("h", round, i) -> outputs, while within keep_bytes
     budget = [t["keep_bytes"]]
 
-    def draw(s: int, i: int | None = None) -> list:  # i None: s is the input seed itself
-        s = s if i is None else call_seed(s, i)
-        return _make_inputs(ref_ns, {"seed": s, "dist": "own", "on_device": on_device}, device)
+    def draw(s: int, i: int) -> list:
+        return _make_inputs(ref_ns, {"seed": call_seed(s, i), "dist": "own", "on_device": on_device}, device)
 
     def keep(key, out) -> None:
         outs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
@@ -121,8 +120,8 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
         in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
         send({"kind": "timed", "samples": samples, "tails": tails, "lead_ms": lead_ms, "plain_samples": plain,
               "queue_ms": queue, "io_bytes": in_bytes + out_bytes, "digests": _ints(digests)})
-        reveal = _host_rounds(model, draw, keep, weights, device, t, send, recv)
-    _ship(model, draw, kept, device, t, send, reveal)
+        reveal = _host_rounds(model, ref_ns, keep, weights, device, t, send, recv)
+    _ship(model, ref_ns, kept, device, t, send, reveal)
 
 
 def _ints(digests: list) -> list[str]:
@@ -130,7 +129,7 @@ def _ints(digests: list) -> list[str]:
     return [str(v) for v in torch.stack(digests).tolist()] if digests else []
 
 
-def _host_rounds(model, draw, keep, weights: dict, device, t: dict, send, recv) -> dict:
+def _host_rounds(model, ref_ns: dict, keep, weights: dict, device, t: dict, send, recv) -> dict:
     """On each "go": N calls back to back on inputs drawn from its seed, one sync, the N digests.
 
     The inputs are unknown before "go" and the digests commit to every output's bits, so the work cannot
@@ -143,7 +142,7 @@ def _host_rounds(model, draw, keep, weights: dict, device, t: dict, send, recv) 
             return msg  # the next command: "reveal"
         # Distinct contents for every call while they fit in host_bytes (the parent sets how many: a cache
         # keyed on contents or pointers then has nothing to find); beyond that, calls cycle through them.
-        sets = [draw(msg["seed"], i) for i in range(min(n, msg["sets"]))]
+        sets = _draw_sets(ref_ns, msg["seed"], min(n, msg["sets"]), device, t["on_device"])
         digests = []
         for i in range(n):
             out = _flat(model(*sets[i % len(sets)]))
@@ -153,8 +152,8 @@ def _host_rounds(model, draw, keep, weights: dict, device, t: dict, send, recv) 
         send({"kind": "round", "digests": _ints(digests)})
 
 
-def _ship(model, draw, kept: dict, device, t: dict, send, msg: dict) -> None:
-    """Save the outputs of the calls the parent names now; a call not kept is computed again from its seed
+def _ship(model, ref_ns: dict, kept: dict, device, t: dict, send, msg: dict) -> None:
+    """Save the outputs of the calls the parent names now; a call not kept is computed again from its inputs
     (its digest, sent long before, says whether the result is the same)."""
     import torch
     if msg.get("cmd") != "reveal":
@@ -165,7 +164,7 @@ def _ship(model, draw, kept: dict, device, t: dict, send, msg: dict) -> None:
             key = tuple(call["key"])
             out = kept.get(key)
             if out is None:
-                out = _flat(model(*draw(call["seed"])))
+                out = _flat(model(*_make_inputs(ref_ns, dict(call["spec"], on_device=on_device), device)))
             tensors, problem = _check_outputs(out, device)
             if tensors is None:
                 raise RuntimeError(f"timed call {key}: {problem}")

@@ -248,7 +248,7 @@ def _perturbed(item: dict) -> bool:
 
 def _item_key(item: dict) -> str:
     spec = item["spec"]
-    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], _perturbed(item)])
+    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], _perturbed(item), spec.get("set_index")])
 
 
 def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
