@@ -36,6 +36,7 @@ class PrivateCode:
         self.files = {name: _read_bytes(os.path.join(self.source_dir, name)) for name in CODE_FILES}
         self.files = {name: data for name, data in self.files.items() if data is not None}
         self.digests = {name: hashlib.sha256(data).digest() for name, data in self.files.items()}
+        self.originals = dict(self.digests)  # the original files as last seen
         self._write()
 
     def path(self, name: str) -> str:
@@ -47,9 +48,11 @@ class PrivateCode:
         if any(_digest(self.path(n)) != d for n, d in self.digests.items()):
             out.append("the evaluator's private copy of its code was modified (restored)")
             self._write()
-        changed = [n for n, d in self.digests.items() if _digest(os.path.join(self.source_dir, n)) != d]
-        if changed:
+        now = {n: _digest(os.path.join(self.source_dir, n)) for n in self.digests}
+        changed = [n for n, d in now.items() if d != self.originals[n]]
+        if changed:  # reported once per change: an edit by a developer must not reject every later candidate
             out.append(f"the evaluator's own files were modified: {', '.join(changed)}")
+            self.originals = now
         return out
 
     def _write(self) -> None:

@@ -47,7 +47,8 @@ proof that custom kernels ran, clock locking, precision policies other than fp32
 Files, by role (no import cycles): eval_common (leaf: results, options, comparison, digest), eval_screen
 (leaf), eval_protocol (the message table; the parent's handle on a worker), eval_sandbox (private code,
 process sweep), eval_build / eval_inputs / eval_timing / eval_worker (worker side, eval_worker is the
-script), eval_device and eval_run (parent side), and this file (Evaluator, evaluate).
+script), eval_device and eval_run (parent side), and this file (Evaluator, evaluate). "Hack N" in comments
+refers to the catalogue in tests/cheats/README.md.
 """
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ class Evaluator:
         self.import_dirs = [os.path.abspath(d) for d in import_dirs]
         self._code = PrivateCode(self._private)
         self._tamper_events, self._tamper_note = 0, ""
+        self._code_lock = threading.Lock()
         cores = os.cpu_count() or 2
         # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
         # several builds side by side, so builds overlap with timing and with each other.
@@ -384,15 +386,17 @@ class Evaluator:
 
     def _check_code(self) -> None:
         """Compare the code the workers run (and its originals) with what was read at start."""
-        problems = self._code.problems()
-        if problems:
-            with self._state_lock:
+        with self._code_lock:
+            problems = self._code.problems()
+            if problems:
                 self._tamper_events += 1
                 self._tamper_note = "; ".join(problems)
-                builder, self._spare_builder = self._spare_builder, None
+        if problems:
+            # _take_builder holds the state lock while it spawns (and so calls this): no lock taken here.
+            builder, self._spare_builder = self._spare_builder, None
             if builder is not None:
                 builder.discard()
-            for dev in self.devices:  # spares started since may have read a modified copy
+            for dev in getattr(self, "devices", []):  # spares started since may have read a modified copy
                 dev.close()
 
     def _tamper_verdict(self, before: int, result: EvalResult | None, details: dict) -> EvalResult | None:
