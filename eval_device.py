@@ -108,7 +108,8 @@ class _Device:
     def _start_ref(self) -> dict:
         self.ref = self.ev._new_worker(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
         self.ref.send(self.ev._job("ref", device=self.ev._torch_device(), cpus=self.ev._other_cpus,
-                                   on_device=self.ev.opts.inputs_on_device))
+                                   on_device=self.ev.opts.inputs_on_device, host_calls=self.ev.opts.host_calls,
+                                   host_bytes=self.ev.opts.host_bytes))
         try:
             return self.ref.recv(timeout=300)
         except (TimeoutError, EOFError) as e:

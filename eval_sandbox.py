@@ -30,8 +30,8 @@ CODE_FILES = ("evaluate_kernel.py", "eval_build.py", "eval_common.py", "eval_dev
 class PrivateCode:
     """A private, hash-checked copy of the evaluator's code for the workers to run from."""
 
-    def __init__(self, root: str):
-        self.source_dir = os.path.dirname(os.path.abspath(__file__))
+    def __init__(self, root: str, source_dir: str | None = None):
+        self.source_dir = source_dir or os.path.dirname(os.path.abspath(__file__))
         self.dir = os.path.join(root, "code")
         self.files = {name: _read_bytes(os.path.join(self.source_dir, name)) for name in CODE_FILES}
         self.files = {name: data for name, data in self.files.items() if data is not None}

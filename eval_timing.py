@@ -46,17 +46,21 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
     seed, on_device = msg["seed"], t["on_device"]
     weights: dict = {}
     kept: dict = {}  # ("t", i) or ("h", round, i) -> outputs, while within keep_bytes
-    budget = [t["keep_bytes"]]
+    budget = {"t": [t["keep_bytes"], t["keep_bytes"]], "h": [t["keep_bytes"], 0]}  # [device, host] bytes
 
     def draw(s: int, i: int) -> list:
         return _make_inputs(ref_ns, {"seed": call_seed(s, i), "dist": "own", "on_device": on_device}, device)
 
     def keep(key, out) -> None:
-        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
-        size = sum(o.numel() * o.element_size() for o in outs)
-        if size <= budget[0]:
-            budget[0] -= size
-            kept[key] = _flat(out)
+        # A copy, not a reference: a kernel may return the same buffer every call. On the device while
+        # keep_bytes allows, then on the host; beyond both, a revealed call is computed again.
+        # Host rounds copy only on the device (inside the parent's window, as the reference worker measured).
+        size, room = sum(o.numel() * o.element_size() for o in out), budget[key[0]]
+        for where in (0, 1):
+            if size <= room[where]:
+                room[where] -= size
+                kept[key] = [o.clone() if where == 0 else o.to("cpu") for o in out]
+                return
 
     flush = torch.empty(t["flush_bytes"] // 4, dtype=torch.float32, device=device) if device.type == "cuda" else None
     samples, plain, queue, tails, digests = [], [], [], [], []

