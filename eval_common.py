@@ -185,7 +185,7 @@ class Options:
     verify_calls: int = 3  # timed calls whose outputs are checked against the reference (chosen afterwards),
     # besides one call of every host round
     host_calls: int = 10  # calls back to back per host round, each on inputs of its own ...
-    host_rounds: int = 3
+    host_rounds: int = 5
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built

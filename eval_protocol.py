@@ -29,6 +29,9 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | <-  | prepared       | count                                    |                                          |
 | ref    | ->  | cmd=compare    | path, field, items, tolerances           | compare saved outputs (weights_only)     |
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
+| ref    | ->  | cmd=ping       |                                          | the parent times a message round trip    |
+| ref    | <-  | pong           |                                          |                                          |
+| runner | <-  | done           | flags                                    | timing over; then the channel closes     |
 | ref    | ->  | cmd=quit       |                                          |                                          |
 """
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _drive(ev, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
         dev.settle_spare()  # the next runner's CUDA start-up must not overlap this timing
         t = mark("spare_wait", t)
         dev.pause_spares()  # resumed by run() when this evaluation ends, however it ends
-        timed = _converse_timing(ev, w, job, recv, deadline, details)
+        timed = _converse_timing(ev, w, dev, job, recv, deadline, details)
         if isinstance(timed, EvalResult):
             return timed
     except TimeoutError:
@@ -133,10 +133,10 @@ def _drive(ev, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
         mark("verify", t)
         if bad is not None:
             return bad
-    return _verdict(ev, job, details)
+    return _verdict(ev, job, details, dev.baseline)
 
 
-def _converse_timing(ev, w: _Worker, job: dict, recv, deadline: float, details: dict):
+def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: float, details: dict):
     """"time" -> "timed"; host_rounds x ("go" -> "round"); "reveal" -> "shipped"; "done". Every clock
     reading here is this process's own. Returns (shipped message, revealed calls) or a failed EvalResult."""
     t = job["timing"]
@@ -150,13 +150,14 @@ def _converse_timing(ev, w: _Worker, job: dict, recv, deadline: float, details: 
     if len(timed.get("digests", [])) != t["iters"]:
         return _forged(details, "the runner reported digests for another number of calls than it was asked to run")
     host_sets = max(2, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
+    latency = _round_trip_s(dev)
     rounds, round_msgs = [], []
     for r in range(ev.opts.host_rounds):  # the fastest round counts: load only ever slows a round
         go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": host_sets}
         started = time.monotonic()
         w.send(go)
         msg = recv()
-        rounds.append(time.monotonic() - started)
+        rounds.append(max(0.0, time.monotonic() - started - latency))
         if msg["kind"] != "round":
             return _failure(msg, details)
         if len(msg.get("digests", [])) != t["host_calls"]:
@@ -186,15 +187,23 @@ def _converse_timing(ev, w: _Worker, job: dict, recv, deadline: float, details: 
     return shipped, calls
 
 
+def _round_trip_s(dev: _Device, tries: int = 3) -> float:
+    """The fastest message round trip to the reference worker (a process like the runner, but one the
+    candidate never ran in): taken off each host round, whose window holds one such round trip."""
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.monotonic()
+        dev.ref_call({"cmd": "ping"})
+        best = min(best, time.monotonic() - t0)
+    return best if best < 0.05 else 0.0
+
+
 def _timing_details(msg: dict, rounds: list, event_wall_ms: float, t: dict, details: dict) -> None:
     samples = sorted(msg["samples"])
     median = _quantile(samples, 0.5)
     iqr = _quantile(samples, 0.75) - _quantile(samples, 0.25)
-    # The round's own bookkeeping (draws, digests, copies), measured by the reference worker, is not the
-    # candidate's: taken off (and the host check allows for as much again: the estimate is not exact).
     raw_ms = min(rounds) * 1e3 / t["host_calls"] if rounds else None
     overhead = t.get("host_overhead_ms", 0.0) / t["host_calls"]
-    batch_ms = max(raw_ms - overhead, 0.0) if raw_ms else None
     tail = _quantile(sorted(msg.get("tails") or []), 0.5)
     # Without a lead (every fourth call) the host's latency is in the sample, as in KernelBench: the host
     # check compares those with the host clock, so a launch-bound call is not mistaken for escaped work.
@@ -204,9 +213,10 @@ def _timing_details(msg: dict, rounds: list, event_wall_ms: float, t: dict, deta
     queue = _quantile(sorted(msg.get("queue_ms") or []), 0.5)
     runtime = max(median, queue) if msg.get("lead_ms") and not math.isnan(queue) else median
     details["timing"] = {"samples_ms": msg["samples"], "median_ms": median, "iqr_ms": iqr,
-                         "spread": iqr / median if median else None, "host_ms_per_call": batch_ms,
-                         "batch_wall_ms_per_call": batch_ms, "batch_raw_ms_per_call": raw_ms,
-                         "batch_overhead_ms_per_call": overhead, "event_phase_wall_ms": event_wall_ms,
+                         "spread": iqr / median if median else None, "host_ms_per_call": raw_ms,
+                         "batch_wall_ms_per_call": raw_ms, "batch_overhead_ms_per_call": overhead,
+                         "event_phase_wall_ms": event_wall_ms,
+                         "rounds_ms": [r * 1e3 for r in rounds],
                          "samples_sum_ms": sum(msg["samples"]) + sum(msg.get("plain_samples") or []),
                          "host_queue_ms": None if math.isnan(queue) else queue,
                          "runtime_ms": runtime, "bound": "host" if runtime > median else "gpu",
@@ -215,7 +225,27 @@ def _timing_details(msg: dict, rounds: list, event_wall_ms: float, t: dict, deta
                          "lead_ms": msg.get("lead_ms", 0.0), "io_bytes": msg.get("io_bytes", 0)}
 
 
-def _verdict(ev, job: dict, details: dict) -> EvalResult:
+def _host_figure(ev, timing: dict, baseline: dict | None) -> tuple[float | None, float]:
+    """The host rounds' wall time per call less the rounds' own bookkeeping (drawing input sets, a digest
+    and a copy of each output), and the margin the host check allows.
+
+    The bookkeeping is estimated twice, both times outside the candidate's process: by the reference
+    worker at start (the same steps on the reference's output), and by the baseline run (the same rounds,
+    less its own event median). The larger is taken off, and allowed again as margin: calls much cheaper
+    than the bookkeeping are not judged by the host check.
+    """
+    raw = timing["batch_wall_ms_per_call"]
+    if raw is None:
+        return None, 0.0
+    overhead = timing["batch_overhead_ms_per_call"] or 0.0
+    if baseline and baseline.get("batch_wall_ms_per_call") is not None:
+        overhead = max(overhead, baseline["batch_wall_ms_per_call"] - baseline["plain_median_ms"])
+    host_ms = max(raw - overhead, 0.0)
+    timing["host_check"] = {"host_ms_per_call": host_ms, "overhead_ms_per_call": overhead}
+    return host_ms, ev.opts.host_slack_ms + overhead
+
+
+def _verdict(ev, job: dict, details: dict, baseline: dict | None = None) -> EvalResult:
     timing = details["timing"]
     runtime = timing["runtime_ms"]
     if job["mode"] == "candidate":
@@ -224,14 +254,13 @@ def _verdict(ev, job: dict, details: dict) -> EvalResult:
         if timing["samples_sum_ms"] > timing["event_phase_wall_ms"]:
             return _forged(details, f"the reported timings add up to {timing['samples_sum_ms']:.3f} ms, more than "
                            f"the {timing['event_phase_wall_ms']:.3f} ms that passed")
-        tail, plain, host_ms = timing["device_tail_ms"], timing["plain_median_ms"], timing["batch_wall_ms_per_call"]
+        tail, plain = timing["device_tail_ms"], timing["plain_median_ms"]
+        host_ms, margin = _host_figure(ev, timing, baseline)
         if tail is not None and tail > ev.opts.tail_ms:
             return EvalResult("rejected", message=f"rejected: the GPU was still busy {tail:.4f} ms (median) after "
                               "the call's stream had finished: work on another stream, which is how timers are "
                               "escaped", details=details)
-        # The bookkeeping estimate is as uncertain as it is large: calls much cheaper than it are not judged.
-        margin = ev.opts.host_slack_ms + (timing["batch_overhead_ms_per_call"] or 0.0)
-        if host_ms and plain * ev.opts.host_ratio < host_ms and host_ms - plain > margin:
+        if host_ms is not None and plain * ev.opts.host_ratio < host_ms and host_ms - plain > margin:
             return EvalResult("rejected", message=f"timing mismatch: CUDA events say {plain:.4f} ms per call, "
                               f"the host clock {host_ms:.4f} ms; work is escaping the timed window",
                               details=details)

@@ -223,6 +223,9 @@ def _role_ref(job: dict, send, recv) -> None:
         req = recv()
         if req.get("cmd") == "quit":
             return
+        if req.get("cmd") == "ping":  # the parent's measure of a message round trip
+            send({"kind": "pong"})
+            continue
         try:
             if req.get("cmd") == "prepare":
                 prepared.clear()  # at most one evaluation's reference outputs are kept
