@@ -189,7 +189,8 @@ class Options:
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
-    host_ratio: float = 3.0  # reject if event median * host_ratio < host per-call time ...
+    host_ratio: float | None = None  # reject if event median * host_ratio < host per-call time (None: 3 on
+    # a GPU, 10 on the CPU, where the host rounds share the cores with everything else) ...
     host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
     lead_ms: float = 0.5  # the GPU held (_GpuHold) between the L2 flush and the start event; 0: KernelBench's protocol
     tail_ms: float = 0.05  # median device time after the call's stream finished, less the host's own delay:

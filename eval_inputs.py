@@ -75,11 +75,12 @@ def _transform(x, dist: str, gen):
     return x
 
 
-def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device, dtype_names: list | None = None):
+def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device):
     """KernelBench order: seed, get_init_inputs(), seed, construct; optionally perturb small parameters.
 
-    Re-seeded weights plus perturbed biases/affine parameters (by name, the same delta in both processes)
-    stop shortcuts tuned to seed-42 weights or to GroupNorm's weight=1, bias=0 (hack 18).
+    Re-seeded weights plus perturbed biases/affine parameters stop shortcuts tuned to seed-42 weights or
+    to GroupNorm's weight=1, bias=0 (hack 18). The k-th 1-D parameter in registration order gets the k-th
+    delta in both processes, so names need not match; the shapes, returned with the names, must.
     """
     import torch
     _set_seed(weight_seed)
@@ -87,16 +88,14 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device, dty
     _set_seed(weight_seed)
     with torch.no_grad():
         model = cls(*init)
-    names = []
+    small = [(n, p) for n, p in model.named_parameters() if p.dim() <= 1]
     if perturb:
         with torch.no_grad():
-            for name, p in sorted(model.named_parameters()):
-                if p.dim() <= 1:
-                    seed = int(hashlib.sha256(f"{weight_seed}:{name}".encode()).hexdigest()[:8], 16)
-                    g = torch.Generator().manual_seed(seed)
-                    p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
-                    names.append(name)
-    return model.to(device), names
+            for k, (_, p) in enumerate(small):
+                seed = int(hashlib.sha256(f"{weight_seed}:{k}".encode()).hexdigest()[:8], 16)
+                g = torch.Generator().manual_seed(seed)
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+    return model.to(device), [n for n, _ in small], [list(p.shape) for _, p in small]
 
 
 def _inputs_unchanged(xs: list, pristine: list) -> bool:

@@ -260,7 +260,8 @@ def _verdict(ev, job: dict, details: dict, baseline: dict | None = None) -> Eval
             return EvalResult("rejected", message=f"rejected: the GPU was still busy {tail:.4f} ms (median) after "
                               "the call's stream had finished: work on another stream, which is how timers are "
                               "escaped", details=details)
-        if host_ms is not None and plain * ev.opts.host_ratio < host_ms and host_ms - plain > margin:
+        ratio = ev.opts.host_ratio or (3.0 if ev.device == "cuda" else 10.0)
+        if host_ms is not None and plain * ratio < host_ms and host_ms - plain > margin:
             return EvalResult("rejected", message=f"timing mismatch: CUDA events say {plain:.4f} ms per call, "
                               f"the host clock {host_ms:.4f} ms; work is escaping the timed window",
                               details=details)
@@ -297,13 +298,15 @@ def _failure(msg: dict, details: dict) -> EvalResult:
 
 
 def _check_trials(ev, msg: dict, dev: _Device, specs: list, details: dict) -> EvalResult | None:
-    # The perturbation applies by parameter name, in both processes; the reference worker reported its
-    # names at start-up. A trial that cannot be run as specified fails; it is never dropped.
-    names, ref_names = msg.get("names", []), dev.info.get("ref_names")
-    if any(s["perturb"] for s in specs) and names != ref_names:
+    # The perturbation applies by position among the 1-D parameters, in both processes; the reference
+    # worker reported its own at start-up. A trial that cannot be run as specified fails; it is never dropped.
+    shapes, ref_shapes = msg.get("shapes", []), dev.info.get("ref_shapes")
+    if any(s["perturb"] for s in specs) and shapes != ref_shapes:
         return EvalResult("incorrect", message="the perturbed-weights trial cannot run: ModelNew's 1-D parameters "
-                          f"(biases, norm weights) are named {names[:8]}, the reference's {ref_names[:8]}; keep the "
-                          "reference's parameter names so the same perturbation applies to both", details=details)
+                          f"(biases, norm weights) {_described(msg.get('names', []), shapes)} do not match the "
+                          f"reference's {_described(dev.info.get('ref_names', []), ref_shapes or [])} in number and "
+                          "shape; keep the reference's biases and norm parameters, registered in its order",
+                          details=details)
     items = [{"spec": s, "index": k} for k, s in enumerate(specs)]
     reply = dev.ref_call({"cmd": "compare", "path": msg["path"], "field": "outputs", "items": items,
                           "rtol": ev.rtol, "atol": ev.atol, "l2_tol": ev.l2_tol})
@@ -318,8 +321,14 @@ def _check_trials(ev, msg: dict, dev: _Device, specs: list, details: dict) -> Ev
         if not r["ok"]:
             s = it["spec"]
             what = f"trial {it['index']} (inputs: {s['dist']}{', re-seeded and perturbed weights' if s['perturb'] else ''})"
-            return EvalResult("incorrect", message=f"incorrect on {what}: {r['reason']}", details=details)
+            hint = (" (the k-th 1-D parameter, in registration order, gets the k-th perturbation in both models)"
+                    if s["perturb"] else "")
+            return EvalResult("incorrect", message=f"incorrect on {what}: {r['reason']}{hint}", details=details)
     return None
+
+
+def _described(names: list, shapes: list) -> str:
+    return "[" + ", ".join(f"{n} {tuple(sh)}" for n, sh in list(zip(names, shapes))[:8]) + "]"
 
 
 def _verify_shipped(ev, dev: _Device, calls: list, path: str, details: dict) -> EvalResult | None:

@@ -160,7 +160,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     load_s = time.perf_counter() - t0
     marks["candidate_loaded"] = time.time()
 
-    outputs, cand_names, t_check = [], [], time.perf_counter()
+    outputs, small, t_check = [], ([], []), time.perf_counter()
     models: dict[tuple, Any] = {}
     try:
         for k, spec in enumerate(job["trials"]):
@@ -168,7 +168,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
             if key not in models:
                 models[key] = _build_model(cls, ref_ns, spec["weight_seed"], spec["perturb"], device)
                 if spec["perturb"]:
-                    cand_names = models[key][1]
+                    small = models[key][1:]
             model = models[key][0]
             xs = _make_inputs(ref_ns, spec, device)
             pristine = _clone_inputs(xs)
@@ -191,7 +191,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     path = os.path.join(job["work_dir"], "trials.pt")
     torch.save({"outputs": outputs}, path)
     marks["trials_done"] = time.time()
-    send({"kind": "outputs", "path": path, "names": cand_names, "flags": flags, "load_s": load_s,
+    send({"kind": "outputs", "path": path, "names": small[0], "shapes": small[1], "flags": flags, "load_s": load_s,
           "check_s": time.perf_counter() - t_check, "marks": marks})
     timing = dict(job["timing"], work_dir=job["work_dir"])
     try:
@@ -209,7 +209,8 @@ def _role_ref(job: dict, send, recv) -> None:
     device = torch.device(job["device"])
     _setup_torch(job, device)
     ref_ns = _exec_source(job["reference_src"], "<reference>")
-    models: dict[tuple, Any] = {(42, False): _build_model(ref_ns["Model"], ref_ns, 42, False, device)[0]}
+    model, names, shapes = _build_model(ref_ns["Model"], ref_ns, 42, False, device)
+    models: dict[tuple, Any] = {(42, False): model}
     prepared: dict[str, list] = {}
     xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
     in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
@@ -217,7 +218,7 @@ def _role_ref(job: dict, send, recv) -> None:
         out = _flat(models[(42, False)](*xs))
     overhead = _host_overhead_ms(ref_ns, out, in_bytes, job, device)
     del xs, out
-    send({"kind": "ready", "ref_names": _small_param_names(models), "in_bytes": in_bytes,
+    send({"kind": "ready", "ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes,
           "host_overhead_ms": overhead, **_device_info(device)})
     while True:
         req = recv()
@@ -318,13 +319,7 @@ def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) 
                 result = {"ok": False, "reason": "the output shipped afterwards is not the one whose digest was sent "
                           "right after the call (computed later, or changed since)"}
         results.append(result)
-    return {"kind": "compared", "results": results, "ref_names": _small_param_names(models)}
-
-
-def _small_param_names(models: dict) -> list[str]:
-    for model in models.values():
-        return sorted(n for n, p in model.named_parameters() if p.dim() <= 1)
-    return []
+    return {"kind": "compared", "results": results}
 
 
 def _device_info(device) -> dict:

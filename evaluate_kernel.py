@@ -37,7 +37,7 @@ The static screen stays as a fast first filter with clear messages; no verdict d
 is not protected: with no OS isolation applied (no separate user, namespaces or cgroups), the candidate can
 read and write the user's files (writes to the evaluator's code are detected, others are not), and a
 process that both clears its environment and leaves its worker's tree escapes the sweep. Event samples may
-understate the runtime by up to host_ratio (3x) before the host check rejects them.
+understate the runtime by up to host_ratio (3x on a GPU, 10x on the CPU) before the host check rejects them.
 
 Timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream)
 with a lead (eval_timing._GpuHold: every SM's warp slots held for lead_ms before the start event). The
@@ -180,7 +180,7 @@ class Evaluator:
         dev = next((d for d in self.devices if gpu is None or d.index == gpu), None)
         if dev is None:
             raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
-        internal = ("kind", "nonce", "ref_names", "in_bytes", "host_overhead_ms")
+        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes", "host_overhead_ms")
         return {k: v for k, v in dev.info.items() if k not in internal}
 
     # ---------------------------------------------------------------- plumbing

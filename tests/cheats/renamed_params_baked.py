@@ -10,7 +10,7 @@ with a message naming the parameters).
 
 REFERENCE: gn
 EXPECT: incorrect
-MESSAGE: parameter names
+MESSAGE: cannot run
 NAIVE: correct
 """
 import torch
