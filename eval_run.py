@@ -133,7 +133,7 @@ def _drive(ev, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
         mark("verify", t)
         if bad is not None:
             return bad
-    return _verdict(ev, job, details, dev.baseline)
+    return _verdict(ev, job, details)
 
 
 def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: float, details: dict):
@@ -151,6 +151,7 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
         return _forged(details, "the runner reported digests for another number of calls than it was asked to run")
     host_sets = max(2, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
     latency = _round_trip_s(dev)
+    t["host_overhead_ms"] = dev.ref_call({"cmd": "ping", "overhead": True}).get("host_overhead_ms") or 0.0
     rounds, round_msgs = [], []
     for r in range(ev.opts.host_rounds):  # the fastest round counts: load only ever slows a round
         go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": host_sets}
@@ -225,27 +226,24 @@ def _timing_details(msg: dict, rounds: list, event_wall_ms: float, t: dict, deta
                          "lead_ms": msg.get("lead_ms", 0.0), "io_bytes": msg.get("io_bytes", 0)}
 
 
-def _host_figure(ev, timing: dict, baseline: dict | None) -> tuple[float | None, float]:
+def _host_figure(ev, timing: dict) -> tuple[float | None, float]:
     """The host rounds' wall time per call less the rounds' own bookkeeping (drawing input sets, a digest
     and a copy of each output), and the margin the host check allows.
 
-    The bookkeeping is estimated twice, both times outside the candidate's process: by the reference
-    worker at start (the same steps on the reference's output), and by the baseline run (the same rounds,
-    less its own event median). The larger is taken off, and allowed again as margin: calls much cheaper
-    than the bookkeeping are not judged by the host check.
+    The bookkeeping is measured by the reference worker just before the rounds (the same steps on the
+    reference's output, in a process the candidate never ran in, under the load of that moment); it is
+    taken off, and allowed again as margin: calls much cheaper than it are not judged by the host check.
     """
     raw = timing["batch_wall_ms_per_call"]
     if raw is None:
         return None, 0.0
     overhead = timing["batch_overhead_ms_per_call"] or 0.0
-    if baseline and baseline.get("batch_wall_ms_per_call") is not None:
-        overhead = max(overhead, baseline["batch_wall_ms_per_call"] - baseline["plain_median_ms"])
     host_ms = max(raw - overhead, 0.0)
     timing["host_check"] = {"host_ms_per_call": host_ms, "overhead_ms_per_call": overhead}
     return host_ms, ev.opts.host_slack_ms + overhead
 
 
-def _verdict(ev, job: dict, details: dict, baseline: dict | None = None) -> EvalResult:
+def _verdict(ev, job: dict, details: dict) -> EvalResult:
     timing = details["timing"]
     runtime = timing["runtime_ms"]
     if job["mode"] == "candidate":
@@ -255,7 +253,7 @@ def _verdict(ev, job: dict, details: dict, baseline: dict | None = None) -> Eval
             return _forged(details, f"the reported timings add up to {timing['samples_sum_ms']:.3f} ms, more than "
                            f"the {timing['event_phase_wall_ms']:.3f} ms that passed")
         tail, plain = timing["device_tail_ms"], timing["plain_median_ms"]
-        host_ms, margin = _host_figure(ev, timing, baseline)
+        host_ms, margin = _host_figure(ev, timing)
         if tail is not None and tail > ev.opts.tail_ms:
             return EvalResult("rejected", message=f"rejected: the GPU was still busy {tail:.4f} ms (median) after "
                               "the call's stream had finished: work on another stream, which is how timers are "

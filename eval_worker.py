@@ -215,17 +215,18 @@ def _role_ref(job: dict, send, recv) -> None:
     xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
     in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
     with torch.no_grad():
-        out = _flat(models[(42, False)](*xs))
-    overhead = _host_overhead_ms(ref_ns, out, in_bytes, job, device)
-    del xs, out
+        ref_out = _flat(models[(42, False)](*xs))
+    del xs
     send({"kind": "ready", "ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes,
-          "host_overhead_ms": overhead, **_device_info(device)})
+          "host_overhead_ms": _host_overhead_ms(ref_ns, ref_out, in_bytes, job, device), **_device_info(device)})
     while True:
         req = recv()
         if req.get("cmd") == "quit":
             return
-        if req.get("cmd") == "ping":  # the parent's measure of a message round trip
-            send({"kind": "pong"})
+        if req.get("cmd") == "ping":  # the parent's measure of a message round trip, and of the host
+            # rounds' bookkeeping under the machine's load of this moment
+            send({"kind": "pong", "host_overhead_ms": _host_overhead_ms(ref_ns, ref_out, in_bytes, job, device)
+                  if req.get("overhead") else None})
             continue
         try:
             if req.get("cmd") == "prepare":
