@@ -91,11 +91,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        return fused_tail(x * 2.0)
+        return fused_tail(x @ x.T)
 
 
 def get_inputs():
-    return [torch.randn(64, 256)]
+    return [torch.randn(256, 512)]
 
 
 def get_init_inputs():
@@ -111,7 +111,7 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        return fused_tail(x + x)
+        return fused_tail(torch.mm(x, x.t()))
 '''
 DAEMON = '''import builtins
 import torch
@@ -132,7 +132,7 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        return torch.relu(x * 2.0)
+        return torch.relu(x @ x.T)
 '''
 
 
