@@ -24,6 +24,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import bench_eval  # noqa: E402
+import eval_timing  # noqa: E402
 import evaluate_kernel  # noqa: E402
 import tasks  # noqa: E402
 
@@ -93,8 +94,8 @@ def protocols(task, seconds: float) -> None:
     import torch
     _, model, inputs = bench_eval.reference_on_gpu(task)
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
-    cycles = evaluate_kernel._spin_cycles_per_ms() * 0.5
-    hold = evaluate_kernel._GpuHold(torch.device("cuda:0"))
+    cycles = eval_timing._spin_cycles_per_ms() * 0.5
+    hold = eval_timing._GpuHold(torch.device("cuda:0"))
     leads = {"kb": lambda: None, "spin": lambda: torch.cuda._sleep(int(cycles)), "hold": lambda: hold(0.5)}
 
     def round_(lead) -> tuple[float, float]:

@@ -1,9 +1,9 @@
 """Red-team tests for evaluate_kernel.py (issue 4): cheating candidates must not score, honest ones must.
 
 Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`) that cheats in one known
-way (shared/notes/kernelbench.md §6). Its module docstring carries machine-readable lines:
+way (tests/cheats/README.md has the catalogue). Its module docstring carries machine-readable lines:
 
-    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda
+    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu
     EXPECT:    a |-separated set of statuses, or "honest-timing", or "no-leak"
     RULE:      keywords (|-separated, any one) the message must contain when the status is "rejected"
     MESSAGE:   keywords the message must contain for any failing status
@@ -212,6 +212,32 @@ def get_init_inputs():
 '''
 
 
+INF_RELU_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """ReLU with the first column of every row set to +inf: RMS(ref) and ||ref|| are infinite."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        y = torch.relu(x)
+        y[:, 0] = float("inf")
+        return y
+
+
+def get_inputs():
+    return [torch.rand(16, 4096)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
 def _gn(batch: int, in_ch: int, out_ch: int, size: int, groups: int) -> str:
     return (GN_SRC.replace("BATCH", str(batch)).replace("IN_CH", str(in_ch)).replace("OUT_CH", str(out_ch))
             .replace("SIZE", str(size)).replace("GROUPS", str(groups)))
@@ -225,6 +251,7 @@ REFERENCES = {
     "matmul": MATMUL_SRC,
     "bias_reduce": BIAS_REDUCE_SRC,
     "loop_softmax": LOOP_SOFTMAX_SRC,
+    "inf_relu": INF_RELU_SRC,
 }
 
 

@@ -171,7 +171,7 @@ class _Captured(Exception):
 def cuda_sources_in_tests() -> dict[str, str]:
     """Every .cu file the test candidates hand to load_inline, captured without building anything."""
     import torch.utils.cpp_extension as ce
-    import evaluate_kernel as ek
+    import eval_build
     found: dict[str, str] = {}
     original = ce.load_inline
 
@@ -186,10 +186,10 @@ def cuda_sources_in_tests() -> dict[str, str]:
             if "cuda_sources" not in text:
                 continue
             try:
-                ek._exec_source(text, f"<{path.stem}>")
+                eval_build._exec_source(text, f"<{path.stem}>")
             except _Captured as c:
                 if c.args[0]:
-                    found[f"{path.parent.name}/{path.name}"] = ek._cu_text(c.args[0])
+                    found[f"{path.parent.name}/{path.name}"] = eval_build._cu_text(c.args[0])
     finally:
         ce.load_inline = original
     return found

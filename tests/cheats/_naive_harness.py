@@ -1,7 +1,7 @@
 """A deliberately naive, KernelBench-v0.1-style harness: proof that each cheat in this folder really cheats.
 
 Not a candidate (the leading underscore keeps it out of the parametrised tests). Run as a script with cheat
-file paths; prints one JSON line per file. Like KernelBench v0.1 (shared/notes/kernelbench.md §3): reference
+file paths; prints one JSON line per file. Like KernelBench v0.1: reference
 and candidate exec'd into one namespace, seed 42 for both models, the reference run first on the same
 input tensors, torch.allclose(atol=rtol=1e-2), a baseline timed once before the candidate is loaded,
 and the candidate timed on the same tensors every call with time.perf_counter. Each cheat runs in a forked child so its patches cannot leak into the next one.

@@ -1,4 +1,4 @@
-"""Cheat class: stale output memory (hack 1 in shared/notes/kernelbench.md).
+"""Cheat class: stale output memory (hack 1 in tests/cheats/README.md).
 
 How it cheats: the output is allocated with torch.empty and only the first
 sample of the batch is computed into it. In a same-process harness that has

@@ -1,0 +1,159 @@
+"""Parent side: what keeps a candidate's processes from reaching beyond their own evaluation.
+
+* PrivateCode: the evaluator's code, copied at start into a private directory (mode 0700, files
+  read-only) that every worker runs from. Its bytes are kept in memory and checked before each worker
+  starts and after each build and run: a change to the copy is undone (and the spares that may have read
+  it are discarded), and a change to the original files is reported. Both reject the candidate whose
+  process was running.
+* find_processes / kill_processes: every process a worker started, however it was started. Workers run
+  with an environment marker and as child subreapers (eval_worker.py), so a daemon that forks twice or
+  calls setsid stays a descendant of its worker; what still escapes that (a process that also cleared
+  its environment and left the worker's tree before the worker died) is the documented residue.
+
+No cgroups: the CI container and the GPU machine do not let an unprivileged process create them, and the
+scan costs a few milliseconds per evaluation.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import stat
+import tempfile
+
+MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
+CODE_FILES = ("evaluate_kernel.py", "eval_build.py", "eval_common.py", "eval_device.py", "eval_inputs.py",
+              "eval_protocol.py", "eval_run.py", "eval_sandbox.py", "eval_screen.py", "eval_timing.py",
+              "eval_worker.py", "light_headers.py", "fast_nvcc.py")
+
+
+class PrivateCode:
+    """A private, hash-checked copy of the evaluator's code for the workers to run from."""
+
+    def __init__(self, root: str, source_dir: str | None = None):
+        self.source_dir = source_dir or os.path.dirname(os.path.abspath(__file__))
+        self.dir = os.path.join(root, "code")
+        self.files = {name: _read_bytes(os.path.join(self.source_dir, name)) for name in CODE_FILES}
+        self.files = {name: data for name, data in self.files.items() if data is not None}
+        self.digests = {name: hashlib.sha256(data).digest() for name, data in self.files.items()}
+        self.originals = dict(self.digests)  # the original files as last seen
+        self._write()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def problems(self) -> list[str]:
+        """What changed since start: the private copy (undone here) or the original files (reported)."""
+        out = []
+        if any(_digest(self.path(n)) != d for n, d in self.digests.items()):
+            out.append("the evaluator's private copy of its code was modified (restored)")
+            self._write()
+        now = {n: _digest(os.path.join(self.source_dir, n)) for n in self.digests}
+        changed = [n for n, d in now.items() if d != self.originals[n]]
+        if changed:  # reported once per change: an edit by a developer must not reject every later candidate
+            out.append(f"the evaluator's own files were modified: {', '.join(changed)}")
+            self.originals = now
+        return out
+
+    def _write(self) -> None:
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        for name in os.listdir(self.dir):
+            if name not in self.files:
+                _remove_any(os.path.join(self.dir, name))
+        for name, data in self.files.items():
+            path = self.path(name)
+            if _digest(path) == self.digests[name]:
+                continue
+            _remove_any(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        os.chmod(self.dir, 0o500)
+
+
+def private_root(prefix: str = "pacevolve-") -> str:
+    """A fresh directory only this user can enter."""
+    return tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
+
+
+def find_processes(roots: set[int], mark: str) -> set[int]:
+    """Live processes descended from `roots` or carrying `mark` in their environment (same user only)."""
+    uid = os.getuid()
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    me = os.getpid()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                continue
+            parents[pid] = int(fields[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark.encode() in f.read():
+                    marked.add(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    found = set(marked) | (roots & set(parents))
+    grew = True
+    while grew:
+        children = {p for p, pp in parents.items() if pp in found and p not in found}
+        found |= children
+        grew = bool(children)
+    found.discard(me)
+    return found
+
+
+def kill_processes(roots: set[int], mark: str, rounds: int = 3) -> int:
+    """SIGKILL everything find_processes finds, again until nothing is left (a fork may race the first
+    pass); returns how many processes were killed besides the roots."""
+    killed: set[int] = set()
+    for _ in range(rounds):
+        found = find_processes(roots, mark)
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed |= found
+        _reap(found)
+    return len(killed - roots)
+
+
+def _reap(pids: set[int]) -> None:
+    # Adopted orphans of a subreaper we are not: nothing to reap. Our own children are reaped by Popen.
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _digest(path: str) -> bytes | None:
+    data = _read_bytes(path)
+    return None if data is None else hashlib.sha256(data).digest()
+
+
+def _remove_any(path: str) -> None:
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+        os.remove(path)
+    except OSError:
+        pass

@@ -1,0 +1,206 @@
+"""Tests for the evaluator's trust boundary: checks that cannot skip themselves, the output digest, the
+private code copy, the process sweep, and the per-Evaluator log and import directories (CPU, CI)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eval_common
+import eval_sandbox
+import evaluate_kernel as ek
+
+HERE = Path(__file__).parent / "candidates_cpu"
+INF, NAN = float("inf"), float("nan")
+
+
+# ------------------------------------------------------------------------------------------ comparison
+def test_infinite_reference_values_do_not_disable_the_tolerance():
+    ref = torch.tensor([INF, 1.0, 2.0, 3.0])
+    assert eval_common.compare_outputs([ref.clone()], [ref], 1e-4, 1e-4, 1e-5)["ok"]
+    zeros = torch.tensor([INF, 0.0, 0.0, 0.0])  # right infinity, nothing else computed
+    r = eval_common.compare_outputs([zeros], [ref], 1e-4, 1e-4, 1e-5)
+    assert not r["ok"] and "exceeded" in r["reason"]
+
+
+@pytest.mark.parametrize("got", [[-INF, 1.0, NAN], [INF, 1.0, 0.0], [1.0, 1.0, NAN], [INF, INF, NAN]])
+def test_inf_and_nan_must_sit_where_the_reference_has_them(got):
+    ref = torch.tensor([INF, 1.0, NAN])
+    r = eval_common.compare_outputs([torch.tensor(got)], [ref], 1e-4, 1e-4, 1e-5)
+    assert not r["ok"] and "inf/nan" in r["reason"]
+
+
+def test_all_special_reference_matches_only_itself():
+    ref = torch.tensor([INF, -INF, NAN])
+    assert eval_common.compare_outputs([ref.clone()], [ref], 1e-4, 1e-4, 1e-5)["ok"]
+
+
+# ------------------------------------------------------------------------------------------ digest
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, width=32), min_size=1, max_size=300), st.integers(0, 299))
+def test_digest_binds_every_bit(values, where):
+    t = torch.tensor(values, dtype=torch.float32)
+    d = int(eval_common.output_digest([t]))
+    assert d == int(eval_common.output_digest([t.clone()]))
+    bits = t.view(torch.int32).clone()
+    bits[where % len(values)] ^= 1  # one bit of one element
+    assert int(eval_common.output_digest([bits.view(torch.float32)])) != d
+
+
+def test_digest_depends_on_order_and_position():
+    a, b = torch.arange(8.0), torch.arange(8.0).flip(0)
+    assert int(eval_common.output_digest([a])) != int(eval_common.output_digest([b]))
+    assert int(eval_common.output_digest([a, b])) != int(eval_common.output_digest([b, a]))
+
+
+# ------------------------------------------------------------------------------------------ private code
+def test_private_copy_is_restored_and_original_changes_are_reported_once(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in eval_sandbox.CODE_FILES:
+        (src / name).write_text(f"# {name}\n")
+    code = eval_sandbox.PrivateCode(str(tmp_path / "private"), source_dir=str(src))
+    assert code.problems() == []
+    copy = Path(code.path("eval_worker.py"))
+    os.chmod(copy.parent, 0o700)
+    os.chmod(copy, 0o600)
+    copy.write_text("# forged\n")
+    assert any("private copy" in p for p in code.problems())
+    assert copy.read_text() == "# eval_worker.py\n" and code.problems() == []
+    (src / "eval_run.py").write_text("# edited\n")
+    assert any("eval_run.py" in p for p in code.problems())
+    assert code.problems() == []  # reported once per change, not for every later candidate
+
+
+# ------------------------------------------------------------------------------------------ end to end
+HELPER = "def fused_tail(x):\n    import torch\n    return torch.relu(x)\n"
+REF = '''import torch
+import torch.nn as nn
+from pacevolve_helper import fused_tail
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return fused_tail(x @ x.T)
+
+
+def get_inputs():
+    return [torch.randn(256, 512)]
+
+
+def get_init_inputs():
+    return []
+'''
+HONEST = '''import torch
+import torch.nn as nn
+from pacevolve_helper import fused_tail
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return fused_tail(torch.mm(x, x.t()))
+'''
+DAEMON = '''import builtins
+import torch
+import torch.nn as nn
+
+builtins.exec("""
+import os, sys
+code = ("import os, time\\\\n"
+        "if getattr(os, 'fo' + 'rk')() == 0:\\\\n"
+        "    time.sleep(120)\\\\n"
+        "os._exit(0)\\\\n")
+os.posix_spawn(sys.executable, [sys.executable, "-c", code, "MARKER"], {}, setsid=True)
+""")
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+'''
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trust")
+    (root / "mods").mkdir()
+    (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    e = ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
+                     import_dirs=[str(root / "mods")], timing_iters=10, warmup=2, run_timeout_s=60)
+    yield e
+    e.close()
+
+
+def test_import_dirs_reach_every_worker_and_logs_stay_in_log_dir(ev):
+    r = ev.evaluate(HONEST)
+    assert r.status == "ok", r.message
+    logs = os.listdir(ev.log_dir)
+    assert any(n.startswith("ref-") for n in logs), logs
+    assert not (Path(ev.cache_dir) / "ref-0.log").exists()
+    assert r.details["timing"]["batch_wall_ms_per_call"] > 0
+    assert r.details["phases"].get("cpu_wait") is not None and "gpu_wait" not in r.details["phases"]
+    assert len(r.details["timed_checks"]) == ev.opts.verify_calls + ev.opts.host_rounds
+    assert all(c["ok"] for c in r.details["timed_checks"])
+
+
+def test_device_info_is_public(ev):
+    info = ev.device_info()
+    assert info["device_name"] == "cpu" and "torch" in info and "ref_names" not in info
+
+
+def _alive_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_daemons_started_by_a_candidate_are_killed(ev):
+    """A setsid daemon with an empty environment that forks again (its parent exits) is found by
+    ancestry (workers are child subreapers) and killed when the build ends."""
+    marker = f"pacevolve-test-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    r = ev.evaluate(DAEMON.replace("MARKER", marker))
+    assert r.status == "ok", r.message
+    deadline = time.monotonic() + 5
+    while _alive_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _alive_with(marker)
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"daemon processes survived the evaluation: {left}"
+    assert r.details.get("stray_processes_killed", 0) >= 1
+
+
+def test_find_processes_follows_the_environment_marker(tmp_path):
+    mark = f"pv-test-{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env=dict(os.environ, **{eval_sandbox.MARK_ENV: mark}), start_new_session=True)
+    try:
+        assert proc.pid in eval_sandbox.find_processes(set(), mark)
+        eval_sandbox.kill_processes(set(), mark)
+        assert proc.wait(timeout=5) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
