@@ -21,11 +21,11 @@ for stage in $STAGES; do
     tests)
       # Side by side: their CUDA builds overlap on the CPU cores, while the evaluator's per-GPU file lock
       # keeps their timings apart.
-      for f in test_gpu_golden test_evaluate test_cheats test_light_headers; do
+      for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_background; do
         timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "tests/$f.py" > "$OUT/$f.log" 2>&1 &
       done
       wait
-      for f in test_gpu_golden test_evaluate test_cheats test_light_headers; do echo "== $f"; tail -15 "$OUT/$f.log"; done
+      for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_background; do echo "== $f"; tail -15 "$OUT/$f.log"; done
       timeout 180 python3 scripts/timing_check.py --protocols-s 20 --config default > "$OUT/timing_check.md" 2>&1
       cat "$OUT/timing_check.md" ;;
     bench)
