@@ -61,8 +61,12 @@ def test_gpu_background_from_this_gpu():
     import torch
 
     import evaluate_kernel
-    info = evaluate_kernel._device_info(torch.device("cuda"))     # what the evaluator's devices[0].info holds
+    import tasks
+    with evaluate_kernel.Evaluator(tasks.get("softmax@v0").reference_src, device="cuda", gpus=[0]) as ev:
+        info = ev.device_info()                                    # measured by the reference worker
+    assert info.get("mem_bw_bytes_per_s", 0) > 1e11
     text = background.kernel_background(background.gpu_facts(info), "x")
+    assert "GB/s" in text
     props = torch.cuda.get_device_properties(0)
     assert props.name in text and f"{props.multi_processor_count} SMs" in text
     assert f"compute capability {props.major}.{props.minor}" in text and "MiB L2 cache" in text
