@@ -63,6 +63,7 @@ from rundir import RunDir, write_atomic  # noqa: F401
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
 EXIT_LLM_FAILURES = 3
+EXIT_EVALUATOR_FAILED = 4
 EXIT_INTERRUPTED = 130
 _hardware_name = rundir_mod.hardware_name
 REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
@@ -149,6 +150,7 @@ class Search:
         self.eval_seconds = 0.0
         self.eval_counts: dict[str, int] = {}
         self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
+        self.evaluator_error: str | None = None   # the evaluator itself broke (not a candidate): stop the run
         self.wall_before, self.started = 0.0, time.time()   # wall time of earlier sessions, this one's start
         self._eval_lock = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
@@ -221,7 +223,11 @@ class Search:
             waiter.wait()   # another island is evaluating the same source right now
         if cached is None:
             try:
-                result = self.evaluator.evaluate(src).to_dict()
+                try:
+                    result = self.evaluator.evaluate(src).to_dict()
+                except Exception as exc:   # a candidate's failure is a status; an exception is the evaluator's
+                    self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                    raise
                 result["program_id"] = pid
                 self.rundir.store_eval(key, result)   # stored before any waiter wakes up
             finally:
@@ -357,6 +363,9 @@ class Search:
                     self.checkpoint()
                     return (f"stopped: {self.llm_watch.limit} LLM calls in a row failed (last: "
                             f"{self.llm_watch.last_error})")
+                if self.evaluator_error:   # every later candidate would fail the same way
+                    self.checkpoint()
+                    return f"stopped: the evaluator failed ({self.evaluator_error})"
                 if self.round < self.cfg.generations:   # after an island's last generation nothing can change
                     for island in self.islands:
                         self._intervene(island)
@@ -548,6 +557,10 @@ def _main(cfg: Config, given: set[str]) -> int:
         print(f"run.py: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
               "(--model, --base-url, --provider may change)", file=sys.stderr)
         return EXIT_LLM_FAILURES
+    if search.evaluator_error:
+        print(f"run.py: {why}. Fix the evaluator's set-up (device, cluster), then continue with: "
+              f"python run.py --resume {rd.path}", file=sys.stderr)
+        return EXIT_EVALUATOR_FAILED
     return 0
 
 

@@ -224,6 +224,18 @@ def test_token_budget_stops_the_run(tmp_path):
     assert search.round == 1
 
 
+def test_a_broken_evaluator_stops_the_run_after_its_round(tmp_path):
+    class BrokenEvaluator(FakeEvaluator):
+        def evaluate(self, src):
+            raise ConnectionError("the cluster went away")
+
+    search = make_search(tmp_path, islands=2, seed=3)
+    search.evaluator = BrokenEvaluator()
+    why = advance(search, 5)
+    assert search.round == 1 and why.startswith("stopped: the evaluator failed (ConnectionError: the cluster")
+    assert json.loads((search.rundir.path / "checkpoint.json").read_text())["round"] == 1
+
+
 def test_report_is_written(tmp_path):
     search = make_search(tmp_path, islands=2, seed=10)
     advance(search, 5)
