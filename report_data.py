@@ -119,22 +119,31 @@ class Run:
         {"id", "description", "pruned": bool, "summary", "records": [hypothesis dicts]}."""
         d = self.island(island)
         log = d.get("log") or {}
-        current = {(i.get("id"), i.get("description")) for i in (d.get("pool") or {}).get("ideas", [])}
-        past: dict[tuple, dict] = {}
+        # Ids are never reused within an island, so an id names one idea even when a merge rewrote its text.
+        current = {i.get("id") for i in (d.get("pool") or {}).get("ideas", [])}
+        past: dict[int, dict] = {}
         for idea in log.get("pruned", []):
-            key = (idea.get("id"), idea.get("description"))
-            past[key] = {"id": key[0], "description": key[1] or "", "pruned": True,
-                         "summary": idea.get("summary", ""), "records": list(idea.get("hypotheses", []))}
+            past[idea.get("id")] = {"id": idea.get("id"), "description": idea.get("description") or "",
+                                    "pruned": True, "summary": idea.get("summary", ""),
+                                    "records": list(idea.get("hypotheses", []))}
         for entry in log.get("tried", []):
-            key = (entry.get("idea_id"), entry.get("idea"))
-            if key in current or key[0] is None:
+            idea_id = entry.get("idea_id")
+            if idea_id in current or idea_id is None:
                 continue
-            item = past.setdefault(key, {"id": key[0], "description": key[1] or "", "pruned": False,
-                                         "summary": "", "records": []})
+            item = past.setdefault(idea_id, {"id": idea_id, "description": entry.get("idea") or "",
+                                             "pruned": False, "summary": "", "records": []})
             hyp = entry.get("hypothesis") or {}
             if hyp not in item["records"]:
                 item["records"].append(hyp)
         return list(past.values())
+
+
+def task_name(run: Run) -> str:
+    """The task's name: config.json keeps it under "task" (older runs: a name; newer: the task's settings)."""
+    task = run.meta.get("task")
+    if isinstance(task, dict):
+        task = task.get("name")
+    return str(task or run.config.get("task") or run.path.name)
 
 
 def load(path: Path) -> Run:

@@ -52,7 +52,7 @@ def write(run_dir) -> Path:
 
 def render(run: report_data.Run) -> str:
     page = _Page(run)
-    title = f"pacevolve run: {run.meta.get('task') or run.config.get('task') or run.path.name}"
+    title = f"pacevolve run: {report_data.task_name(run)}"
     body = [f"<h1>{_e(title)}</h1>"]
     for anchor, heading, part in SECTIONS:
         html = getattr(page, part)()
@@ -126,7 +126,7 @@ class _Page:
     def summary(self) -> str:
         run, cfg, ck = self.run, self.run.config, self.run.checkpoint
         best = run.best()
-        rows = [("task", f"{_e(run.meta.get('task') or cfg.get('task'))} "
+        rows = [("task", f"{_e(report_data.task_name(run))} "
                          f"<span class=muted>({_e(cfg.get('task'))})</span>"),
                 ("device", _e(run.meta.get("hardware") or run.meta.get("device") or "unknown")),
                 ("reference s_0", f"{self.s0:.4g} ms (PyTorch, measured at the start on the same device)"

@@ -34,11 +34,13 @@ Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM f
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -247,9 +249,11 @@ class Search:
 
     def _outcome(self, r: dict) -> hcm.Outcome:
         ok = r["status"] == "ok" and r.get("runtime_ms")
+        # An ok message is restated against the run's s_0: the evaluator's own baseline (measured again
+        # after a resume, or per GPU) would show the model a second speedup for the same program.
         return hcm.Outcome(status=r["status"], score=r["runtime_ms"] if ok else None,
                            metric=self._metric_text(r["runtime_ms"]) if ok else r["status"],
-                           message=r.get("message", ""))
+                           message=f"ok: {self._metric_text(r['runtime_ms'])}" if ok else r.get("message", ""))
 
     def _generation(self, island: Island):
         parent = self._parent(island)
@@ -468,6 +472,11 @@ load_task = cli.load_task
 
 def main(argv: list[str] | None = None) -> int:
     cfg = cli.parse_args(argv)   # a bad option exits 2 here, with one line
+    with _terminate_as_interrupt():
+        return _main_with_messages(cfg, argv)
+
+
+def _main_with_messages(cfg: Config, argv: list[str] | None) -> int:
     try:
         return _main(cfg, cli.given_options(argv))
     except (SetupError, cli.UsageError, rundir_mod.RunDirError, llm_check.ProbeFailed) as e:
@@ -477,6 +486,21 @@ def main(argv: list[str] | None = None) -> int:
         print("run.py: interrupted (Ctrl-C) during set-up; " + (
             f"{cfg.resume} is unchanged" if cfg.resume else "no run directory was made"), file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a job scheduler, `timeout`) ends a run as Ctrl-C does: report written, resumable."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(cfg: Config, given: set[str]) -> int:
@@ -513,10 +537,10 @@ def _main(cfg: Config, given: set[str]) -> int:
     # From here on the run directory exists: Ctrl-C leaves it resumable.
     search = None
     try:
-        evaluator = make_evaluator(cfg, task, device, rd)
+        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd), rd, task, cfg,
+                                                device, say)
         try:
-            baseline = state["baseline_ms"] if state else measure_reference(evaluator, rd, task, cfg, device,
-                                                                            say)
+            baseline = state["baseline_ms"] if state else measured   # a resumed run keeps its s_0
             search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device)
             if state:
                 search.restore(state)

@@ -136,21 +136,21 @@ def _ray_evaluator(cfg: Config, task: tasks.Task, kw: dict):
         raise SetupError(f"the reference does not start on the Ray cluster: {_reference_problem(e)}") from None
 
 
-def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: Config, device: str,
-                      say) -> float:
-    """s_0: the reference built and run once on this device, within --reference-limit seconds; stored with
-    the evaluations for re-use."""
+def measure_reference(make_evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: Config, device: str,
+                      say) -> tuple[object, float]:
+    """Starts the evaluator (`make_evaluator()`, which brings up the reference on this device and measures
+    it) and returns it with s_0, all within --reference-limit seconds; s_0 is stored with the evaluations
+    for re-use."""
     key = "baseline-" + hashlib.sha256(
         "\0".join([task.reference_src, device, str(cfg.allow_tf32)]).encode()).hexdigest()[:16]
     cached = rd.load_eval(key)
-    if cached:
-        return cached["baseline_ms"]
     say(f"measuring the reference on {rundir_mod.hardware_name(device)} (limit {cfg.reference_limit:g} s) ...")
     result: dict = {}
 
     def measure():
         try:
-            result["ms"] = evaluator.baseline_ms()
+            result["evaluator"] = make_evaluator()
+            result["ms"] = cached["baseline_ms"] if cached else result["evaluator"].baseline_ms()
         except Exception as e:   # reported below, on the main thread
             result["error"] = e
 
@@ -164,14 +164,20 @@ def measure_reference(evaluator, rd: rundir_mod.RunDir, task: tasks.Task, cfg: C
         raise SetupError(f"the reference took longer than --reference-limit {cfg.reference_limit:g} s "
                          f"on {rundir_mod.hardware_name(device)}{hint}")
     if "error" in result:
-        raise SetupError(f"the reference does not run on {device}: {_reference_problem(result['error'])}")
-    ms = result["ms"]
+        if "evaluator" in result:
+            result["evaluator"].close()
+        err = result["error"]
+        if isinstance(err, SetupError):
+            raise err
+        raise SetupError(f"the reference does not run on {device}: {_reference_problem(err)}")
+    evaluator, ms = result["evaluator"], result["ms"]
     # peak memory when the evaluator reports it (an optional `baseline_info() -> {"peak_bytes": ...}`)
     info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
     peak = f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB" if info.get("peak_bytes") else ""
-    say(f"reference: {ms:.4g} ms per call{peak} (measured in {time.time() - t0:.1f} s)")
-    rd.store_eval(key, {"baseline_ms": ms})
-    return ms
+    say(f"reference: {ms:.4g} ms per call{peak} (started and measured in {time.time() - t0:.1f} s)")
+    if not cached:
+        rd.store_eval(key, {"baseline_ms": ms})
+    return evaluator, ms
 
 
 def _reference_problem(err: Exception) -> str:

@@ -144,7 +144,8 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
     s0 = 4.0
     config = {"task": "synthetic", "islands": islands, "generations": generations, "eps_rel": 0.9,
               "k_idea": 5, "model": "fake", "eval_cache": None}
-    (path / "config.json").write_text(json.dumps({"config": config, "task": "synthetic", "device": "cpu",
+    task = {"name": "synthetic", "rtol": 1e-4, "device": "cpu"}   # as rundir.py writes the task's settings
+    (path / "config.json").write_text(json.dumps({"config": config, "task": task, "device": "cpu",
                                                   "hardware": "a CPU", "started": "20260101-000000"}))
     events, t, n = [], 1.0e9, 0
     state = [{"best": None, "pool": {}, "tried": [], "actions": [], "snaps": 1} for _ in range(islands)]
@@ -225,8 +226,11 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
 
 
 def test_small_synthetic_run_checks_out(tmp_path):
-    page = check_page(make_run(tmp_path / "run", generations=60))
+    out = make_run(tmp_path / "run", generations=60)
+    page = check_page(out)
     assert "llm_failure: 2" in page.of("other-events")   # an event kind the page does not know
+    html = (out / "report.html").read_text()
+    assert "<h1>pacevolve run: synthetic</h1>" in html and "'rtol'" not in html
 
 
 def test_thousand_generations_stay_small_and_quick(tmp_path):

@@ -76,14 +76,15 @@ def _start(args) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _interrupt_when(proc: subprocess.Popen, ready, timeout: float = 300) -> tuple[str, str]:
-    """SIGINT (Ctrl-C) as soon as `ready()` holds; returns stdout and stderr after the process ended."""
+def _interrupt_when(proc: subprocess.Popen, ready, timeout: float = 300, sig=signal.SIGINT) -> tuple[str, str]:
+    """SIGINT (Ctrl-C), or `sig`, as soon as `ready()` holds; returns stdout and stderr after the process
+    ended."""
     deadline = time.time() + timeout
     while not ready():
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline, "timed out waiting"
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err and "continue with: python run.py --resume" in err, err
@@ -112,9 +113,11 @@ def test_ctrl_c_in_setup_round_0_and_mid_run_all_resume(tmp_path):
         assert _round(out) is None
         # 2. right after the round-0 checkpoint, while round 1 is in flight
         _interrupt_when(_start(["--resume", out]), lambda: _round(out) == 0)
-        # 3. mid-run: a round in flight after at least one finished
+        # 3. mid-run: a round in flight after at least one finished; SIGTERM (a scheduler, `timeout`) ends
+        # the run as Ctrl-C does
         proc = _start(["--resume", out])
-        _interrupt_when(proc, lambda: (_round(out) or 0) >= 1 and time.sleep(0.15) is None)
+        _interrupt_when(proc, lambda: (_round(out) or 0) >= 1 and time.sleep(0.15) is None, sig=signal.SIGTERM)
+        assert "interrupted" in (out / "report.md").read_text()
         interrupted_at = _round(out)
         assert 1 <= interrupted_at < 3
         # 4. the problem file was edited meanwhile; the run goes on against its own copy, on a new server
