@@ -200,7 +200,7 @@ class _Page:
         run = self.run
         out = ["<p>An island intervenes when its momentum m_t falls below eps_rel after its freeze period. "
                "A_i is how far island i has closed the gap to the target (1 = reached). The weights are "
-               "crossover.py's: A_best = max A_j, S = max(0, 1 − |A_i − A_best|); "
+               "crossover.py's: A_best = max over the other islands j≠i of A_j, S = max(0, 1 − |A_i − A_best|); "
                "w_BT = max(0, A_i − A_best) + S(1 − A_i)(1 − A_best); w_Cj = max(0, A_j − A_i), plus "
                "S·A_i·A_best for the best partner. The action is drawn with probability P = w / Σw; the "
                "one drawn is highlighted.</p>"]
