@@ -64,7 +64,7 @@ class _Worker:
         self._log = open(log_path, "ab")
         script = script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_worker.py")
         self.proc = subprocess.Popen(
-            [sys.executable, script, "--worker", str(w)] + (["warm", str(os.getpid())] if warm else []),
+            [sys.executable, "-I", "-B", script, "--worker", str(w)] + (["warm", str(os.getpid())] if warm else []),
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),
             env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
             preexec_fn=_die_with_parent_preexec() if warm else None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -45,8 +46,11 @@ class PrivateCode:
     def problems(self) -> list[str]:
         """What changed since start: the private copy (undone here) or the original files (reported)."""
         out = []
-        if any(_digest(self.path(n)) != d for n, d in self.digests.items()):
-            out.append("the evaluator's private copy of its code was modified (restored)")
+        extra = sorted(set(_listdir(self.dir)) - set(self.files))
+        if extra or any(_digest(self.path(n)) != d for n, d in self.digests.items()):
+            # The whole tree: a package dropped beside the code (json/, say) is tampering like an edit.
+            what = f" (extra names: {', '.join(extra[:5])})" if extra else ""
+            out.append(f"the evaluator's private copy of its code was modified{what} (restored)")
             self._write()
         now = {n: _digest(os.path.join(self.source_dir, n)) for n in self.digests}
         changed = [n for n, d in now.items() if d != self.originals[n]]
@@ -150,10 +154,29 @@ def _digest(path: str) -> bytes | None:
     return None if data is None else hashlib.sha256(data).digest()
 
 
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _remove_any(path: str) -> None:
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
-            return
-        os.remove(path)
+            _make_writable(path)
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
     except OSError:
         pass
+
+
+def _make_writable(top: str) -> None:
+    for here, dirs, _ in os.walk(top):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(here, d), 0o700)
+            except OSError:
+                pass
+    os.chmod(top, 0o700)

@@ -55,6 +55,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import site
+import sys
 import tempfile
 import threading
 import time
@@ -151,8 +153,17 @@ class Evaluator:
         dev = self._pick(None)
         try:
             baseline = self._baseline(dev)
-            tampered = self._tamper_events
-            result = eval_run.run(self, candidate_src, h, dev, details)
+            tampered, ref_deaths = self._tamper_events, dev.ref_deaths
+            try:
+                result = eval_run.run(self, candidate_src, h, dev, details)
+            except RuntimeError:
+                if dev.ref_deaths == ref_deaths:
+                    raise
+                result = None
+            if dev.ref_deaths != ref_deaths:  # never a silent restart: its death may have served the candidate
+                result = EvalResult("rejected", message="rejected: the reference worker died while this "
+                                    "candidate ran (stopped or killed from outside; restarted from the checked "
+                                    "code copy)", details=details)
             result = self._tamper_verdict(tampered, result, details)
         finally:
             with self._state_lock:
@@ -251,7 +262,13 @@ class Evaluator:
         # differed 3x between processes. Fixed, every process takes the heap path.
         malloc = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
         path = os.pathsep.join(self.import_dirs + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
-        return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path, **malloc, **extra)
+        # Workers run under `python -I`, which ignores PYTHONPATH and the user site: both travel in a
+        # variable of our own that eval_worker.py appends after site-packages (PYTHONPATH stays for the
+        # programs a build runs).
+        user_site = [d for d in [site.getusersitepackages()] if site.ENABLE_USER_SITE and d in sys.path]
+        return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
+                            PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
+                            **malloc, **extra)
 
     def _job(self, role: str, **kw) -> dict:
         job = dict(role=role, reference_src=self.reference_src, allow_tf32=self.opts.allow_tf32,

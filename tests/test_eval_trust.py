@@ -79,6 +79,20 @@ def test_private_copy_is_restored_and_original_changes_are_reported_once(tmp_pat
     assert code.problems() == []  # reported once per change, not for every later candidate
 
 
+def test_extra_names_in_the_private_copy_are_tampering_and_removed(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in eval_sandbox.CODE_FILES:
+        (src / name).write_text(f"# {name}\n")
+    code = eval_sandbox.PrivateCode(str(tmp_path / "private"), source_dir=str(src))
+    os.chmod(code.dir, 0o700)
+    (Path(code.dir) / "json").mkdir()
+    (Path(code.dir) / "json" / "__init__.py").write_text("raise SystemExit\n")
+    problems = code.problems()
+    assert any("json" in p for p in problems), problems
+    assert sorted(os.listdir(code.dir)) == sorted(eval_sandbox.CODE_FILES) and code.problems() == []
+
+
 # ------------------------------------------------------------------------------------------ end to end
 HELPER = "def fused_tail(x):\n    import torch\n    return torch.relu(x)\n"
 REF = '''import torch
@@ -157,6 +171,20 @@ def test_import_dirs_reach_every_worker_and_logs_stay_in_log_dir(ev):
     assert r.details["phases"].get("cpu_wait") is not None and "gpu_wait" not in r.details["phases"]
     assert len(r.details["timed_checks"]) == ev.opts.verify_calls + ev.opts.host_rounds
     assert all(c["ok"] for c in r.details["timed_checks"])
+
+
+def test_honest_candidate_passes_when_no_timed_output_is_kept(tmp_path):
+    """keep_bytes=0: every revealed call is computed again from its inputs (the path large outputs take)."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    e = ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path / "cache"), import_dirs=[str(tmp_path / "mods")],
+                     timing_iters=6, warmup=1, run_timeout_s=60, keep_bytes=0)
+    try:
+        r = e.evaluate(HONEST)
+    finally:
+        e.close()
+    assert r.status == "ok", r.message
+    assert r.details["timed_checks"] and all(c["ok"] for c in r.details["timed_checks"])
 
 
 def test_device_info_is_public(ev):
