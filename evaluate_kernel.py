@@ -68,7 +68,7 @@ from eval_build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_com
 from eval_common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
 from eval_device import _cuda_count, _Device, gpu_lock_path, physical_gpu
 from eval_protocol import _Worker
-from eval_sandbox import PrivateCode, private_root
+from eval_sandbox import Namespace, PrivateCode, namespace_problem, private_root, python_dirs
 from eval_screen import RULES, ScreenVerdict, rules_markdown, screen
 
 __all__ = ["Evaluator", "EvalResult", "Options", "STATUSES", "RULES", "ScreenVerdict", "evaluate", "screen",
@@ -112,6 +112,12 @@ class Evaluator:
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.import_dirs = [os.path.abspath(d) for d in import_dirs]
         self._code = PrivateCode(self._private)
+        # Builder and runner (the processes that run candidate code) start in a namespace where one works.
+        problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
+        self._namespace = None if problem else Namespace(
+            read_only=[self._code.dir, self._code.source_dir, *python_dirs(), *self.import_dirs],
+            writable=[self.cache_dir])
+        self.isolation = f"none: {problem}" if problem else "pid+mount namespace"
         self._tamper_events, self._tamper_note = 0, ""
         self._code_lock = threading.Lock()
         cores = os.cpu_count() or 2
@@ -172,7 +178,7 @@ class Evaluator:
             result.baseline_ms = baseline["median_ms"]
             result.speedup = baseline["median_ms"] / result.runtime_ms if result.runtime_ms else None
             eval_run.physical_checks(self, result, dev)
-        result.details.update(device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
+        result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
                               cuda=dev.info.get("cuda"), wall_s=time.monotonic() - t_start)
         return result
 
@@ -308,9 +314,11 @@ class Evaluator:
                                 os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
 
     def _new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> _Worker:
-        """A worker running the private copy of our code, checked just before it starts."""
+        """A worker running the private copy of our code, checked just before it starts. Warm workers
+        (builders and runners: they run candidate code) start in the namespace when there is one."""
         self._check_code()
-        return _Worker(env, log_path, warm=warm, script=self._code.path("eval_worker.py"))
+        return _Worker(env, log_path, warm=warm, script=self._code.path("eval_worker.py"),
+                       namespace=self._namespace if warm else None, cpus=self._other_cpus if warm else None)
 
     def _spawn_warm(self, env: dict[str, str], log_path: str) -> _Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the

@@ -232,3 +232,75 @@ def test_find_processes_follows_the_environment_marker(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ------------------------------------------------------------------------------------------ namespace
+PROBE_CODE = """
+import ctypes, json, os, sys
+report = {"pid": os.getpid(), "visible": [int(e) for e in os.listdir("/" + "proc") if e.isdigit()], "writes": {}}
+for d in TARGETS:
+    try:
+        with open(os.path.join(d, "pacevolve-probe.pth"), "w") as f:
+            f.write("import sys\\n")
+        report["writes"][d] = "written"
+    except OSError as e:
+        report["writes"][d] = type(e).__name__
+# An escape the process sweep alone misses: subreaper off, double fork, setsid, empty environment.
+libc = ctypes.CDLL(None)
+libc.prctl(36, 0, 0, 0, 0)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", "MARKER"], {})
+    os._exit(0)
+os.wait()
+libc.prctl(36, 1, 0, 0, 0)
+with open(REPORT + "-" + os.urandom(6).hex(), "w") as f:
+    json.dump(report, f)
+"""
+PROBE = '''import builtins
+import torch
+import torch.nn as nn
+
+builtins.exec(CODE[::-1])  # reversed: the screen reads strings too, and this test is about what lies past it
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+'''
+
+
+def test_namespace_confines_builder_and_runner(ev, tmp_path):
+    """In the namespace: the evaluator's code, source and Python installation are read-only, the
+    evaluator's processes are invisible, and a daemon that leaves the worker's tree dies with it."""
+    if ev.isolation != "pid+mount namespace":
+        pytest.skip(f"no namespace here: {ev.isolation}")
+    import site
+    targets = [ev._code.dir, ev._code.source_dir, site.getsitepackages()[0]]
+    marker = f"pacevolve-test-escape-{os.getpid()}-{time.monotonic_ns()}"
+    report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
+    code = PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
+    src = PROBE.replace("CODE", repr(code[::-1]))
+    r = ev.evaluate(src)
+    time.sleep(0.5)
+    left = _alive_with(marker)
+    for pid in left:
+        os.kill(pid, 9)
+    import json
+    reports = [json.loads(Path(ev.cache_dir, n).read_text()) for n in os.listdir(ev.cache_dir)
+               if n.startswith(os.path.basename(report))]
+    for d in targets:
+        try:
+            os.remove(os.path.join(d, "pacevolve-probe.pth"))
+        except OSError:
+            pass
+    assert reports, r.message
+    for rep in reports:
+        assert all(v != "written" for v in rep["writes"].values()), rep["writes"]
+        assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
+    assert not left, f"escaped daemons survived: {left}"
+    assert r.details.get("isolation") == "pid+mount namespace" or r.status != "ok"
