@@ -141,6 +141,18 @@ def namespace_problem() -> str:
     return ""
 
 
+def library_digest(build_dir: str) -> str:
+    """sha256 over every shared library under build_dir (names and bytes), what a runner would load."""
+    h = hashlib.sha256()
+    for here, dirs, files in sorted(os.walk(build_dir)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".so"):
+                path = os.path.join(here, name)
+                h.update(os.path.relpath(path, build_dir).encode() + b"\0" + (_digest(path) or b"missing"))
+    return h.hexdigest()
+
+
 def private_root(prefix: str = "pacevolve-") -> str:
     """A fresh directory only this user can enter."""
     return tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700

@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import shutil
 import site
 import sys
 import tempfile
@@ -68,7 +69,7 @@ from eval_build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_com
 from eval_common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
 from eval_device import _cuda_count, _Device, gpu_lock_path, physical_gpu
 from eval_protocol import _Worker
-from eval_sandbox import Namespace, PrivateCode, namespace_problem, private_root, python_dirs
+from eval_sandbox import Namespace, PrivateCode, library_digest, namespace_problem, private_root, python_dirs
 from eval_screen import RULES, ScreenVerdict, rules_markdown, screen
 
 __all__ = ["Evaluator", "EvalResult", "Options", "STATUSES", "RULES", "ScreenVerdict", "evaluate", "screen",
@@ -119,6 +120,7 @@ class Evaluator:
             writable=[self.cache_dir])
         self.isolation = f"none: {problem}" if problem else "pid+mount namespace"
         self._tamper_events, self._tamper_note = 0, ""
+        self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
         self._code_lock = threading.Lock()
         cores = os.cpu_count() or 2
         # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
@@ -178,6 +180,8 @@ class Evaluator:
             result.baseline_ms = baseline["median_ms"]
             result.speedup = baseline["median_ms"] / result.runtime_ms if result.runtime_ms else None
             eval_run.physical_checks(self, result, dev)
+        if "tampering" in details.get("build_note", ""):
+            result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
         result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
                               cuda=dev.info.get("cuda"), wall_s=time.monotonic() - t_start)
         return result
@@ -352,9 +356,13 @@ class Evaluator:
             lock = self._build_locks.setdefault(h, threading.Lock())
         with lock:  # identical sources build once, even when submitted concurrently
             if os.path.exists(marker):
-                details["compile_s"] = 0.0
-                details["build_cached"] = True
-                return None
+                if library_digest(os.path.dirname(marker)) == self._built.get(h, _read_text(marker)):
+                    details["compile_s"] = 0.0
+                    details["build_cached"] = True
+                    return None
+                # Another candidate's builder or runner rewrote this build's libraries: build it again.
+                details["build_note"] = "the cached build was modified after it was built (tampering); rebuilt"
+                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
             with self._build_sem:
                 os.makedirs(os.path.dirname(marker), exist_ok=True)
                 t0 = time.monotonic()
@@ -393,8 +401,11 @@ class Evaluator:
                 return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
             if msg.get("deferred_error"):
                 details["build_note"] = msg["deferred_error"]
+            # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
+            # copy serves a later Evaluator (it lies in the writable cache; in memory is what this one trusts).
+            self._built[h] = library_digest(os.path.dirname(marker))
             with open(marker, "w") as f:
-                f.write(h)
+                f.write(self._built[h])
             return None
 
     def _baseline(self, dev: _Device) -> dict:
@@ -453,3 +464,11 @@ def _remove_tree(root: str, keep: str) -> None:
         shutil.rmtree(os.path.join(root, "code"), ignore_errors=True)
         return
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""

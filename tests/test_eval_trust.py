@@ -187,6 +187,21 @@ def test_honest_candidate_passes_when_no_timed_output_is_kept(tmp_path):
     assert r.details["timed_checks"] and all(c["ok"] for c in r.details["timed_checks"])
 
 
+def test_a_cached_build_whose_libraries_changed_is_rebuilt(ev):
+    """A builder or runner of another candidate rewrote this build's library: the digest the parent kept
+    no longer matches, so the build is not loaded but made again, and the message says why."""
+    src = HONEST + "\n# cached-build test\n"
+    first = ev.evaluate(src)
+    assert first.status == "ok", first.message
+    build_dir = Path(ev.cache_dir, "ext", ek.source_hash(src)[:16])
+    (build_dir / "planted.so").write_bytes(b"not a library")
+    again = ev.evaluate(src)
+    assert again.status == "ok" and "tampering" in again.message, again.message
+    assert not (build_dir / "planted.so").exists()
+    third = ev.evaluate(src)
+    assert third.details.get("build_cached") and "tampering" not in third.message
+
+
 def test_device_info_is_public(ev):
     info = ev.device_info()
     assert info["device_name"] == "cpu" and "torch" in info and "ref_names" not in info
