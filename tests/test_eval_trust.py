@@ -319,3 +319,67 @@ def test_namespace_confines_builder_and_runner(ev, tmp_path):
         assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
     assert not left, f"escaped daemons survived: {left}"
     assert r.details.get("isolation") == "pid+mount namespace" or r.status != "ok"
+
+
+# ------------------------------------------------------------------------------------------ parent's clock
+class _Opts:
+    cpu_threads, host_ratio, host_slack_ms = 1, None, 0.05
+
+
+class _Ev:
+    def __init__(self, device):
+        self.device, self.opts = device, _Opts()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.001, 100), st.floats(0.001, 100), st.floats(0, 100))
+def test_reported_runtime_never_below_the_parents_figure(device, event_ms, raw_ms, overhead_ms):
+    """Whatever the runner reports (event median) and whatever the bookkeeping figure (a stalled
+    reference worker inflates it), the runtime is at least half the parent-timed batch figure."""
+    import eval_run
+    timing = {"runtime_ms": event_ms, "batch_wall_ms_per_call": raw_ms, "batch_overhead_ms_per_call": overhead_ms}
+    runtime = eval_run._bounded_runtime(_Ev(device), timing)
+    assert runtime >= (1 - eval_run.OVERHEAD_SHARE) * raw_ms - 1e-9
+    assert runtime >= max(0.0, raw_ms - overhead_ms) - 1e-9
+    if device == "cpu":
+        assert runtime == timing["host_check"]["host_ms_per_call"]
+    else:
+        assert runtime >= event_ms
+
+
+@pytest.mark.parametrize("device,cpu_s,wall_s,ok", [
+    ("cpu", 0.10, 0.10, True), ("cpu", 0.19, 0.12, True), ("cpu", 0.40, 0.10, False),
+    ("cuda", 0.25, 0.10, True), ("cuda", 0.40, 0.10, False)])
+def test_cpu_time_beyond_the_allowed_cores_is_rejected(device, cpu_s, wall_s, ok):
+    import eval_run
+    details: dict = {}
+    r = eval_run._cpu_check(_Ev(device), cpu_s, wall_s, details)
+    assert (r is None) == ok
+    assert details["timing_checks"]["host_rounds_cpu"]["cpu_s"] == round(cpu_s, 4)
+    if not ok:
+        assert r.status == "rejected" and "extra cores" in r.message
+
+
+def test_cpu_seconds_counts_the_worker_and_what_it_started():
+    """A worker whose child burns CPU: the parent's reading grows by that child's time too."""
+    import eval_run
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time\\nt=time.time()\\nwhile time.time()-t<3: pass'])\n"
+            "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+
+    class _W:
+        mark = f"pv-none-{os.getpid()}"
+
+        def main_pid(self):
+            return proc.pid
+    try:
+        time.sleep(0.5)
+        before = eval_run.cpu_seconds(_W())
+        time.sleep(1.0)
+        after = eval_run.cpu_seconds(_W())
+        assert after - before > 0.05, (before, after)
+    finally:
+        eval_sandbox.kill_processes({proc.pid}, _W.mark)
+        proc.wait(timeout=5)
