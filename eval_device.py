@@ -117,6 +117,16 @@ class _Device:
         except (TimeoutError, EOFError) as e:
             raise RuntimeError(f"reference worker failed to start ({e!r}): {self.ref.log_tail()}") from None
 
+    def resume_ref(self) -> None:
+        """SIGCONT the reference worker: without a PID namespace a runner can stop it, and a runner killed
+        while it was stopped would leave it stopped for every later candidate."""
+        ref = self.ref
+        if ref is not None and ref.proc.poll() is None:
+            try:
+                os.kill(ref.proc.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def ref_call(self, req: dict) -> dict:
         with self.ref_lock:
             if self.ref is not None and self.ref.proc.poll() is not None:

@@ -58,6 +58,7 @@ def run(ev, src: str | None, h: str, dev: _Device, details: dict, locked: bool =
                 if prepare is not None:
                     futures_wait([prepare])  # nothing of this evaluation may still run when the lock goes
                 strays = w.discard()  # used once: a fresh process per evaluation; all it started dies with it
+                dev.resume_ref()
                 if strays:
                     details["stray_processes_killed"] = strays
                 dev.settle_spare(final=True)
