@@ -22,22 +22,28 @@ file its user may write. So nothing the parent believes rests on that process's 
   output_digest); only after all calls does this process pick which calls to ship, and the reference worker
   checks that the shipped outputs are right and have the committed digests. A call whose work was
   skipped, cached, deferred or done lazily on inspection fails; an empty or short verification fails;
-* time: the event samples are the runner's report, believed only while consistent with this process's
-  clock: their sum must fit in the event phase's wall time, and their median must be within host_ratio of
-  the wall time per call of host rounds (N calls back to back on fresh inputs, bracketed by this process's
-  own "go" and the round's digests, which cannot be sent before the work exists). That per-call figure is
-  details["timing"]["batch_wall_ms_per_call"];
-* code: workers run from a private copy of this code (eval_sandbox.PrivateCode), hash-checked before every
-  worker starts and after every build and run; a change to it or to the original files rejects the
-  candidate whose process was running (the copy is restored, the spares that may have read it discarded);
-* processes: everything a worker started is found (descendants, the worker being a child subreaper, and
-  an environment marker) and killed when its job ends; the baseline is measured before any build.
+* time: the runtime is bounded by this process's clock: host rounds (N calls back to back on fresh inputs,
+  bracketed by this process's own "go" and the round's digests, which cannot be sent before the work
+  exists) give details["timing"]["batch_wall_ms_per_call"]; less the rounds' bookkeeping (capped at twice
+  its value during the baseline's run and at half the batch) it is the runtime on the CPU and a floor under
+  the event figure on a GPU. Event samples must also fit in the event phase's wall time and lie within
+  host_ratio of the host figure. The runner's CPU time over the rounds (/proc, all threads and processes)
+  must fit the cores allowed (eval_run._cpu_check);
+* code: workers start with `python -I -B` from a private copy of this code (eval_sandbox.PrivateCode),
+  whose whole tree is hash-checked before every worker starts and after every build and run; a change or
+  an extra name there, or a change to the original files, rejects the candidate whose process was running
+  (the copy is restored, the spares that may have read it discarded). A reference-worker death during an
+  evaluation rejects the candidate; built libraries are hash-checked before a cached build is reused;
+* processes: builder and runner start in a PID + mount namespace where one can be made (eval_sandbox.
+  Namespace: everything in it dies with it, the evaluator's processes are invisible, code, source and the
+  Python installation read-only; details["isolation"] says whether it applied); in any case everything a
+  worker started is found (descendants, the worker being a child subreaper, and an environment marker)
+  and killed when its job ends; the baseline is measured before any build.
 
 The static screen stays as a fast first filter with clear messages; no verdict depends on it alone. What
-is not protected: with no OS isolation applied (no separate user, namespaces or cgroups), the candidate can
-read and write the user's files (writes to the evaluator's code are detected, others are not), and a
-process that both clears its environment and leaves its worker's tree escapes the sweep. Event samples may
-understate the runtime by up to host_ratio (3x on a GPU, 10x on the CPU) before the host check rejects them.
+is not protected: the cache directory and files outside the read-only directories stay writable; without a
+namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep and
+the runner can signal the reference worker (its death then rejects the candidate).
 
 Timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream)
 with a lead (eval_timing._GpuHold: every SM's warp slots held for lead_ms before the start event). The
