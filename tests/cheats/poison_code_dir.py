@@ -9,14 +9,16 @@ model returns zeros. It only touches a directory holding the evaluator's
 worker, never the naive harness.
 Seen: red-team pass on this evaluator (private code directory poisoned, the
 reference worker restarted from it and every later candidate passed).
-Expected outcome: "rejected": workers start with `python -I` and the code
+Expected outcome: "rejected" or "incorrect" (the zeros judged as they are):
+workers start with `python -I` and the code
 directory after the standard library; any extra name in that directory is
 tampering; a reference-worker death during an evaluation rejects the
-candidate and the new one starts from the checked copy.
+candidate and the new one starts from the checked copy. In a namespace the
+directory is read-only and the reference worker invisible, so nothing is
+planted and the zeros are simply wrong.
 
 REFERENCE: gn
-EXPECT: rejected
-MESSAGE: modified|reference worker
+EXPECT: rejected|incorrect
 """
 import builtins
 
@@ -57,6 +59,7 @@ class ModelNew(nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
 
     def forward(self, x):
         return x.new_zeros(x.shape[0], 1, x.shape[2] - 2, x.shape[3] - 2)
