@@ -181,6 +181,7 @@ class Options:
     prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials (0: off)
     inputs_on_device: bool = True  # get_inputs() draws on the timing device (False: on the CPU, then copied)
     pin_cpus: bool = True  # a reserved core per device runner when there are enough cores
+    isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (eval_sandbox.py)
     timing_iters: int = 100
     verify_calls: int = 3  # timed calls whose outputs are checked against the reference (chosen afterwards),
     # besides one call of every host round

@@ -26,6 +26,8 @@ class _Device:
         self.physical = physical_gpu(index)
         self.ref: _Worker | None = None
         self.ref_lock = threading.Lock()
+        self.clean_timing: dict | None = None  # ping latency and bookkeeping measured during the baseline's run
+        self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
         self.info = self._start_ref()
         # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
         # the others only import torch. A new evaluation then starts with a ready process.
@@ -115,14 +117,31 @@ class _Device:
         except (TimeoutError, EOFError) as e:
             raise RuntimeError(f"reference worker failed to start ({e!r}): {self.ref.log_tail()}") from None
 
+    def resume_ref(self) -> None:
+        """SIGCONT the reference worker: without a PID namespace a runner can stop it, and a runner killed
+        while it was stopped would leave it stopped for every later candidate."""
+        ref = self.ref
+        if ref is not None and ref.proc.poll() is None:
+            try:
+                os.kill(ref.proc.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def ref_call(self, req: dict) -> dict:
         with self.ref_lock:
-            if self.ref is None or self.ref.proc.poll() is not None:
+            if self.ref is not None and self.ref.proc.poll() is not None:
+                # Nothing of ours kills it: a candidate's process did (or it crashed). The candidate is
+                # rejected (Evaluator.evaluate), and the new one starts from the checked copy (_new_worker).
+                self.ref_deaths += 1
+                self.ref.kill()
+                self.ref = None
+            if self.ref is None:
                 self._start_ref()
             self.ref.send(req)
             try:
                 return self.ref.recv(timeout=self.ev.opts.run_timeout_s)
             except (TimeoutError, EOFError):
+                self.ref_deaths += 1
                 self.ref.kill()
                 self.ref = None
                 raise RuntimeError("reference worker died") from None

@@ -46,7 +46,7 @@ import sys
 import time
 
 from eval_common import _remove
-from eval_sandbox import MARK_ENV, kill_processes
+from eval_sandbox import MARK_ENV, Namespace, kill_processes
 
 class _Worker:
     """A subprocess running eval_worker.py: own session, scrubbed env, stdout to its own log.
@@ -57,23 +57,41 @@ class _Worker:
     """
 
     def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, script: str | None = None,
-                 mark: str = ""):
+                 mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None):
         r, w = os.pipe()
         self.log_path = log_path
         self.mark = mark or f"pv{secrets.token_hex(8)}"
+        self.namespace = namespace
         self._log = open(log_path, "ab")
         script = script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_worker.py")
+        # -I: no script directory, user site or PYTHON* variables on the import path (eval_worker.py adds
+        # its own directory after site-packages); -B: nothing written beside the code. In a namespace the
+        # worker cannot see our pid (it checks for 0 instead).
+        parent = 0 if namespace else os.getpid()
+        argv = [sys.executable, "-I", "-B", script, "--worker", str(w)] + (["warm", str(parent)] if warm else [])
         self.proc = subprocess.Popen(
-            [sys.executable, script, "--worker", str(w)] + (["warm", str(os.getpid())] if warm else []),
+            namespace.wrap(argv) if namespace else argv,
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),
             env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
-            preexec_fn=_die_with_parent_preexec() if warm else None)
+            preexec_fn=_preexec(warm, cpus))
         os.close(w)
         self._rfd = r
         self._buf = b""
         self.nonce = secrets.token_hex(16)
         self.prepped = False  # runners: "prep" sent
         self.ready = False  # runners: "ready" received (start-up done)
+
+    def main_pid(self) -> int:
+        """The worker's Python process (in a namespace, the child of unshare), for its CPU time."""
+        if self.namespace is None:
+            return self.proc.pid
+        pid = self.proc.pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except (OSError, ValueError):  # a kernel without that file: look for our child by its parent
+            children = [c for c in _pids() if _parent_of(c) == pid]
+        return children[0] if children else pid
 
     def send(self, msg: dict) -> None:
         msg = dict(msg, nonce=self.nonce)
@@ -166,6 +184,34 @@ class _LineReader:
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line) if line.strip() else {"cmd": "quit"}
 
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _preexec(warm: bool, cpus: list[int] | None):
+    die = _die_with_parent_preexec() if warm else None
+    if die is None and not cpus:
+        return None
+
+    def run() -> None:
+        if die is not None:
+            die()
+        if cpus:  # before exec: every process of the worker (a namespace's too) starts on these cores
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+    return run
+
+
 def _die_with_parent_preexec():
     """For spares: SIGKILL when the thread that started them ends (the evaluator's spawner thread, or the
     whole evaluator). A spare is SIGSTOPped while a candidate is timed; a stopped process never sees its
@@ -180,6 +226,6 @@ def _die_with_parent_preexec():
 
 
 def _check_parent(parent_pid: int) -> None:
-    if os.getppid() != parent_pid:  # the evaluator died before the child's prctl took effect
+    if parent_pid and os.getppid() != parent_pid:  # the evaluator died before the child's prctl took effect
         os._exit(0)
 

@@ -13,6 +13,7 @@ wall time per call); its flags can only hurt it. See evaluate_kernel.py's docstr
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from concurrent.futures import wait as futures_wait
 from eval_common import _DISTS, _PEAKS, EvalResult, _quantile, call_seed
 from eval_device import _Device, _FileLock, _NullCtx
 from eval_protocol import _Worker
+from eval_sandbox import find_processes
 
 
 def run(ev, src: str | None, h: str, dev: _Device, details: dict, locked: bool = False) -> EvalResult:
@@ -56,6 +58,7 @@ def run(ev, src: str | None, h: str, dev: _Device, details: dict, locked: bool =
                 if prepare is not None:
                     futures_wait([prepare])  # nothing of this evaluation may still run when the lock goes
                 strays = w.discard()  # used once: a fresh process per evaluation; all it started dies with it
+                dev.resume_ref()
                 if strays:
                     details["stray_processes_killed"] = strays
                 dev.settle_spare(final=True)
@@ -151,19 +154,31 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
         return _forged(details, "the runner reported digests for another number of calls than it was asked to run")
     host_sets = max(2, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
     latency = _round_trip_s(dev)
-    t["host_overhead_ms"] = dev.ref_call({"cmd": "ping", "overhead": True}).get("host_overhead_ms") or 0.0
-    rounds, round_msgs = [], []
+    overhead = dev.ref_call({"cmd": "ping", "overhead": True}).get("host_overhead_ms") or 0.0
+    # Both are taken off the parent's clock, and both were measured while the candidate's process lived (it
+    # could slow them, e.g. by stopping the reference worker). Capped at twice what they were during the
+    # baseline's run, when no candidate process existed: a stall no longer buys a lower figure.
+    if job["mode"] == "baseline" or dev.clean_timing is None:
+        dev.clean_timing = {"latency": latency, "overhead_ms": max(overhead, t["host_overhead_ms"])}
+    latency = min(latency, 2 * dev.clean_timing["latency"])
+    t["host_overhead_ms"] = min(overhead, 2 * dev.clean_timing["overhead_ms"])
+    rounds, round_msgs, walls = [], [], []
+    cpu_before = cpu_seconds(w)
     for r in range(ev.opts.host_rounds):  # the fastest round counts: load only ever slows a round
         go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": host_sets}
         started = time.monotonic()
         w.send(go)
         msg = recv()
-        rounds.append(max(0.0, time.monotonic() - started - latency))
+        walls.append(time.monotonic() - started)
+        rounds.append(max(0.0, walls[-1] - latency))
         if msg["kind"] != "round":
             return _failure(msg, details)
         if len(msg.get("digests", [])) != t["host_calls"]:
             return _forged(details, "a host round reported digests for another number of calls than it ran")
         round_msgs.append((go, msg))
+    too_busy = _cpu_check(ev, cpu_seconds(w) - cpu_before, sum(walls), details)
+    if too_busy is not None:
+        return too_busy
     rng = secrets.SystemRandom()  # chosen now, after every output it may name was committed to
     calls = [{"key": ["t", i], "spec": {"seed": call_seed(seed, i), "dist": "own"}, "digest": timed["digests"][i]}
              for i in sorted(rng.sample(range(t["iters"]), min(ev.opts.verify_calls, t["iters"])))]
@@ -186,6 +201,41 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
         return _forged(details, "the result channel carried messages the harness did not send")
     _timing_details(timed, rounds, event_wall_ms, t, details)
     return shipped, calls
+
+
+def cpu_seconds(w: _Worker) -> float:
+    """CPU time (user + system, every thread, and waited-for children) of the runner and every process
+    it started, read from /proc by us: the runner cannot report a smaller figure."""
+    total = 0.0
+    for pid in find_processes({w.main_pid()}, w.mark):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _cpu_check(ev, cpu_s: float, wall_s: float, details: dict) -> EvalResult | None:
+    """More CPU time than cores allowed over the host rounds: work spread over extra threads or processes
+    (a figure read afterwards from thread counts misses threads that ended in time). On a GPU the host
+    thread spins in synchronise, so one more core's worth is allowed there."""
+    threads = ev.opts.cpu_threads
+    limit = wall_s * (threads + 1) if ev.device == "cuda" else max(1.5 * wall_s * threads, wall_s)
+    limit += CPU_SLACK_S
+    details.setdefault("timing_checks", {})["host_rounds_cpu"] = {"cpu_s": round(cpu_s, 4), "wall_s": round(wall_s, 4),
+                                                                  "limit_s": round(limit, 4)}
+    if cpu_s <= limit:
+        return None
+    return EvalResult("rejected", message=f"rejected: the runner used {cpu_s:.3f} s of CPU time in {wall_s:.3f} s "
+                      f"of host rounds with {threads} CPU thread(s) allowed (limit {limit:.3f} s): work spread over "
+                      "extra cores", details=details)
+
+
+CPU_SLACK_S = 0.05  # /proc counts in clock ticks (10 ms), per thread and process
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+OVERHEAD_SHARE = 0.5  # the most of a host round's time per call that counts as bookkeeping
 
 
 def _round_trip_s(dev: _Device, tries: int = 3) -> float:
@@ -237,7 +287,8 @@ def _host_figure(ev, timing: dict) -> tuple[float | None, float]:
     raw = timing["batch_wall_ms_per_call"]
     if raw is None:
         return None, 0.0
-    overhead = timing["batch_overhead_ms_per_call"] or 0.0
+    # At most half the batch: the figure the parent's clock gives can shrink by no more than that.
+    overhead = min(timing["batch_overhead_ms_per_call"] or 0.0, OVERHEAD_SHARE * raw)
     host_ms = max(raw - overhead, 0.0)
     timing["host_check"] = {"host_ms_per_call": host_ms, "overhead_ms_per_call": overhead}
     return host_ms, ev.opts.host_slack_ms + overhead
@@ -245,7 +296,7 @@ def _host_figure(ev, timing: dict) -> tuple[float | None, float]:
 
 def _verdict(ev, job: dict, details: dict) -> EvalResult:
     timing = details["timing"]
-    runtime = timing["runtime_ms"]
+    runtime = _bounded_runtime(ev, timing)
     if job["mode"] == "candidate":
         if details["flags"]:
             return EvalResult("rejected", message="rejected: " + "; ".join(details["flags"][:3]), details=details)
@@ -264,6 +315,23 @@ def _verdict(ev, job: dict, details: dict) -> EvalResult:
                               f"the host clock {host_ms:.4f} ms; work is escaping the timed window",
                               details=details)
     return EvalResult("ok", correct=True, runtime_ms=runtime, details=details)
+
+
+def _bounded_runtime(ev, timing: dict) -> float:
+    """The reported runtime, never below the parent's own figure: on the CPU it is the host rounds' time
+    per call (the runner's event samples add nothing there); on a GPU the event figure, or the host
+    figure where that is larger. Samples the runner reports can then lower nothing."""
+    host_ms, _ = _host_figure(ev, timing)
+    event = timing["runtime_ms"]
+    if host_ms is None:
+        return event
+    runtime = host_ms if ev.device != "cuda" else max(event, host_ms)
+    timing["event_runtime_ms"], timing["runtime_ms"] = event, runtime
+    if ev.device != "cuda":
+        timing["bound"] = "host clock"
+    elif runtime > event:
+        timing["bound"] = "host clock (above the events)"
+    return runtime
 
 
 def _forged(details: dict, what: str) -> EvalResult:

@@ -10,6 +10,14 @@
   calls setsid stays a descendant of its worker; what still escapes that (a process that also cleared
   its environment and left the worker's tree before the worker died) is the documented residue.
 
+* Namespace: where util-linux's unshare and setpriv work (root on Linux: the CI container and the GPU
+  VM), builder and runner start inside a new PID and mount namespace. Everything they start dies with
+  the namespace's first process, however it was started; they cannot see or signal the reference worker
+  or the evaluator (outside their PID namespace); the private code, the evaluator's source directory and
+  the Python installation are bind-mounted read-only, and CAP_SYS_ADMIN is dropped so the candidate
+  cannot remount them. /dev is untouched (the GPU device nodes stay usable). Without it, the process
+  sweep and the hash checks above are all there is (namespace_problem() says why).
+
 No cgroups: the CI container and the GPU machine do not let an unprivileged process create them, and the
 scan costs a few milliseconds per evaluation.
 """
@@ -17,9 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import stat
+import subprocess
+import sysconfig
 import tempfile
+from dataclasses import dataclass
 
 MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
 CODE_FILES = ("evaluate_kernel.py", "eval_build.py", "eval_common.py", "eval_device.py", "eval_inputs.py",
@@ -45,8 +57,11 @@ class PrivateCode:
     def problems(self) -> list[str]:
         """What changed since start: the private copy (undone here) or the original files (reported)."""
         out = []
-        if any(_digest(self.path(n)) != d for n, d in self.digests.items()):
-            out.append("the evaluator's private copy of its code was modified (restored)")
+        extra = sorted(set(_listdir(self.dir)) - set(self.files))
+        if extra or any(_digest(self.path(n)) != d for n, d in self.digests.items()):
+            # The whole tree: a package dropped beside the code (json/, say) is tampering like an edit.
+            what = f" (extra names: {', '.join(extra[:5])})" if extra else ""
+            out.append(f"the evaluator's private copy of its code was modified{what} (restored)")
             self._write()
         now = {n: _digest(os.path.join(self.source_dir, n)) for n in self.digests}
         changed = [n for n, d in now.items() if d != self.originals[n]]
@@ -70,6 +85,72 @@ class PrivateCode:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         os.chmod(self.dir, 0o500)
+
+
+@dataclass
+class Namespace:
+    """The PID + mount namespace a builder or runner starts in: `read_only` directories are bind-mounted
+    read-only (recursively, so a writable directory bound inside one first stays writable)."""
+    read_only: list[str]
+    writable: list[str]
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        writable = [d for d in self.writable if os.path.isdir(d)]
+        read_only = [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)]
+        # --kill-child: if unshare itself is killed, the namespace's first process gets SIGKILL, and with
+        # it every process in the namespace. The bounding set without CAP_SYS_ADMIN: no remount, no umount.
+        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--", "/bin/sh", "-c",
+                _MOUNT_SCRIPT, "sh", str(len(writable)), *writable, str(len(read_only)), *read_only,
+                "setpriv", "--bounding-set", "-sys_admin", "--", *argv]
+
+
+# Arguments: N writable dirs, M read-only dirs, then the command. A failed mount aborts (exit 97): a
+# worker never runs with less protection than the Evaluator reported.
+_MOUNT_SCRIPT = """set -e
+n=$1; shift
+while [ "$n" -gt 0 ]; do mount --bind "$1" "$1" || exit 97; shift; n=$((n-1)); done
+n=$1; shift
+while [ "$n" -gt 0 ]; do
+  mount --rbind "$1" "$1" || exit 97
+  mount -o remount,bind,ro "$1" || exit 97
+  shift; n=$((n-1))
+done
+exec "$@"
+"""
+
+
+def python_dirs() -> list[str]:
+    """The Python installation (standard library and site-packages): a .pth file written there would run
+    in every later Python process."""
+    paths = sysconfig.get_paths()
+    return [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+
+
+def namespace_problem() -> str:
+    """Empty when builder and runner can start in a namespace here; otherwise why not."""
+    if not os.path.isdir("/proc") or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return "util-linux unshare/setpriv or /proc missing"
+    with tempfile.TemporaryDirectory() as d:
+        probe = Namespace([d], []).wrap(["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && test \"$$\" = 1"])
+        try:
+            r = subprocess.run(probe, capture_output=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unshare failed: {e}"
+        if r.returncode != 0:
+            return f"unshare failed (exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[:120]})"
+    return ""
+
+
+def library_digest(build_dir: str) -> str:
+    """sha256 over every shared library under build_dir (names and bytes), what a runner would load."""
+    h = hashlib.sha256()
+    for here, dirs, files in sorted(os.walk(build_dir)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".so"):
+                path = os.path.join(here, name)
+                h.update(os.path.relpath(path, build_dir).encode() + b"\0" + (_digest(path) or b"missing"))
+    return h.hexdigest()
 
 
 def private_root(prefix: str = "pacevolve-") -> str:
@@ -150,10 +231,29 @@ def _digest(path: str) -> bytes | None:
     return None if data is None else hashlib.sha256(data).digest()
 
 
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _remove_any(path: str) -> None:
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
-            return
-        os.remove(path)
+            _make_writable(path)
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
     except OSError:
         pass
+
+
+def _make_writable(top: str) -> None:
+    for here, dirs, _ in os.walk(top):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(here, d), 0o700)
+            except OSError:
+                pass
+    os.chmod(top, 0o700)

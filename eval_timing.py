@@ -168,7 +168,7 @@ def _ship(model, ref_ns: dict, kept: dict, device, t: dict, send, msg: dict) -> 
             key = tuple(call["key"])
             out = kept.get(key)
             if out is None:
-                out = _flat(model(*_make_inputs(ref_ns, dict(call["spec"], on_device=on_device), device)))
+                out = _flat(model(*_make_inputs(ref_ns, dict(call["spec"], on_device=t["on_device"]), device)))
             tensors, problem = _check_outputs(out, device)
             if tensors is None:
                 raise RuntimeError(f"timed call {key}: {problem}")

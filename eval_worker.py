@@ -6,10 +6,18 @@ does, and computes every reference output and every comparison.
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import sys
+
+if __name__ == "__main__":
+    # Started with `python -I` (no script directory, no user site, no PYTHON* variables): the private code
+    # directory and the import directories go after the standard library and site-packages, so a module
+    # dropped there cannot stand in for a library one (PrivateCode also rejects any extra name there).
+    sys.path += [os.path.dirname(os.path.abspath(__file__))] + [
+        d for d in os.environ.get("PACEVOLVE_EVAL_PATH", "").split(os.pathsep) if d]
+
+import fcntl
+import json
 import threading
 import time
 import traceback

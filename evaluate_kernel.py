@@ -22,22 +22,28 @@ file its user may write. So nothing the parent believes rests on that process's 
   output_digest); only after all calls does this process pick which calls to ship, and the reference worker
   checks that the shipped outputs are right and have the committed digests. A call whose work was
   skipped, cached, deferred or done lazily on inspection fails; an empty or short verification fails;
-* time: the event samples are the runner's report, believed only while consistent with this process's
-  clock: their sum must fit in the event phase's wall time, and their median must be within host_ratio of
-  the wall time per call of host rounds (N calls back to back on fresh inputs, bracketed by this process's
-  own "go" and the round's digests, which cannot be sent before the work exists). That per-call figure is
-  details["timing"]["batch_wall_ms_per_call"];
-* code: workers run from a private copy of this code (eval_sandbox.PrivateCode), hash-checked before every
-  worker starts and after every build and run; a change to it or to the original files rejects the
-  candidate whose process was running (the copy is restored, the spares that may have read it discarded);
-* processes: everything a worker started is found (descendants, the worker being a child subreaper, and
-  an environment marker) and killed when its job ends; the baseline is measured before any build.
+* time: the runtime is bounded by this process's clock: host rounds (N calls back to back on fresh inputs,
+  bracketed by this process's own "go" and the round's digests, which cannot be sent before the work
+  exists) give details["timing"]["batch_wall_ms_per_call"]; less the rounds' bookkeeping (capped at twice
+  its value during the baseline's run and at half the batch) it is the runtime on the CPU and a floor under
+  the event figure on a GPU. Event samples must also fit in the event phase's wall time and lie within
+  host_ratio of the host figure. The runner's CPU time over the rounds (/proc, all threads and processes)
+  must fit the cores allowed (eval_run._cpu_check);
+* code: workers start with `python -I -B` from a private copy of this code (eval_sandbox.PrivateCode),
+  whose whole tree is hash-checked before every worker starts and after every build and run; a change or
+  an extra name there, or a change to the original files, rejects the candidate whose process was running
+  (the copy is restored, the spares that may have read it discarded). A reference-worker death during an
+  evaluation rejects the candidate; built libraries are hash-checked before a cached build is reused;
+* processes: builder and runner start in a PID + mount namespace where one can be made (eval_sandbox.
+  Namespace: everything in it dies with it, the evaluator's processes are invisible, code, source and the
+  Python installation read-only; details["isolation"] says whether it applied); in any case everything a
+  worker started is found (descendants, the worker being a child subreaper, and an environment marker)
+  and killed when its job ends; the baseline is measured before any build.
 
 The static screen stays as a fast first filter with clear messages; no verdict depends on it alone. What
-is not protected: with no OS isolation applied (no separate user, namespaces or cgroups), the candidate can
-read and write the user's files (writes to the evaluator's code are detected, others are not), and a
-process that both clears its environment and leaves its worker's tree escapes the sweep. Event samples may
-understate the runtime by up to host_ratio (3x on a GPU, 10x on the CPU) before the host check rejects them.
+is not protected: the cache directory and files outside the read-only directories stay writable; without a
+namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep and
+the runner can signal the reference worker (its death then rejects the candidate).
 
 Timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream)
 with a lead (eval_timing._GpuHold: every SM's warp slots held for lead_ms before the start event). The
@@ -55,6 +61,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import shutil
+import site
+import sys
 import tempfile
 import threading
 import time
@@ -66,7 +75,7 @@ from eval_build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_com
 from eval_common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
 from eval_device import _cuda_count, _Device, gpu_lock_path, physical_gpu
 from eval_protocol import _Worker
-from eval_sandbox import PrivateCode, private_root
+from eval_sandbox import Namespace, PrivateCode, library_digest, namespace_problem, private_root, python_dirs
 from eval_screen import RULES, ScreenVerdict, rules_markdown, screen
 
 __all__ = ["Evaluator", "EvalResult", "Options", "STATUSES", "RULES", "ScreenVerdict", "evaluate", "screen",
@@ -110,7 +119,14 @@ class Evaluator:
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.import_dirs = [os.path.abspath(d) for d in import_dirs]
         self._code = PrivateCode(self._private)
+        # Builder and runner (the processes that run candidate code) start in a namespace where one works.
+        problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
+        self._namespace = None if problem else Namespace(
+            read_only=[self._code.dir, self._code.source_dir, *python_dirs(), *self.import_dirs],
+            writable=[self.cache_dir])
+        self.isolation = f"none: {problem}" if problem else "pid+mount namespace"
         self._tamper_events, self._tamper_note = 0, ""
+        self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
         self._code_lock = threading.Lock()
         cores = os.cpu_count() or 2
         # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
@@ -151,8 +167,17 @@ class Evaluator:
         dev = self._pick(None)
         try:
             baseline = self._baseline(dev)
-            tampered = self._tamper_events
-            result = eval_run.run(self, candidate_src, h, dev, details)
+            tampered, ref_deaths = self._tamper_events, dev.ref_deaths
+            try:
+                result = eval_run.run(self, candidate_src, h, dev, details)
+            except RuntimeError:
+                if dev.ref_deaths == ref_deaths:
+                    raise
+                result = None
+            if dev.ref_deaths != ref_deaths:  # never a silent restart: its death may have served the candidate
+                result = EvalResult("rejected", message="rejected: the reference worker died while this "
+                                    "candidate ran (stopped or killed from outside; restarted from the checked "
+                                    "code copy)", details=details)
             result = self._tamper_verdict(tampered, result, details)
         finally:
             with self._state_lock:
@@ -161,7 +186,9 @@ class Evaluator:
             result.baseline_ms = baseline["median_ms"]
             result.speedup = baseline["median_ms"] / result.runtime_ms if result.runtime_ms else None
             eval_run.physical_checks(self, result, dev)
-        result.details.update(device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
+        if "tampering" in details.get("build_note", ""):
+            result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
+        result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
                               cuda=dev.info.get("cuda"), wall_s=time.monotonic() - t_start)
         return result
 
@@ -251,7 +278,13 @@ class Evaluator:
         # differed 3x between processes. Fixed, every process takes the heap path.
         malloc = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
         path = os.pathsep.join(self.import_dirs + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
-        return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path, **malloc, **extra)
+        # Workers run under `python -I`, which ignores PYTHONPATH and the user site: both travel in a
+        # variable of our own that eval_worker.py appends after site-packages (PYTHONPATH stays for the
+        # programs a build runs).
+        user_site = [d for d in [site.getusersitepackages()] if site.ENABLE_USER_SITE and d in sys.path]
+        return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
+                            PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
+                            **malloc, **extra)
 
     def _job(self, role: str, **kw) -> dict:
         job = dict(role=role, reference_src=self.reference_src, allow_tf32=self.opts.allow_tf32,
@@ -291,9 +324,11 @@ class Evaluator:
                                 os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
 
     def _new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> _Worker:
-        """A worker running the private copy of our code, checked just before it starts."""
+        """A worker running the private copy of our code, checked just before it starts. Warm workers
+        (builders and runners: they run candidate code) start in the namespace when there is one."""
         self._check_code()
-        return _Worker(env, log_path, warm=warm, script=self._code.path("eval_worker.py"))
+        return _Worker(env, log_path, warm=warm, script=self._code.path("eval_worker.py"),
+                       namespace=self._namespace if warm else None, cpus=self._other_cpus if warm else None)
 
     def _spawn_warm(self, env: dict[str, str], log_path: str) -> _Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the
@@ -327,9 +362,13 @@ class Evaluator:
             lock = self._build_locks.setdefault(h, threading.Lock())
         with lock:  # identical sources build once, even when submitted concurrently
             if os.path.exists(marker):
-                details["compile_s"] = 0.0
-                details["build_cached"] = True
-                return None
+                if library_digest(os.path.dirname(marker)) == self._built.get(h, _read_text(marker)):
+                    details["compile_s"] = 0.0
+                    details["build_cached"] = True
+                    return None
+                # Another candidate's builder or runner rewrote this build's libraries: build it again.
+                details["build_note"] = "the cached build was modified after it was built (tampering); rebuilt"
+                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
             with self._build_sem:
                 os.makedirs(os.path.dirname(marker), exist_ok=True)
                 t0 = time.monotonic()
@@ -368,8 +407,11 @@ class Evaluator:
                 return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
             if msg.get("deferred_error"):
                 details["build_note"] = msg["deferred_error"]
+            # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
+            # copy serves a later Evaluator (it lies in the writable cache; in memory is what this one trusts).
+            self._built[h] = library_digest(os.path.dirname(marker))
             with open(marker, "w") as f:
-                f.write(h)
+                f.write(self._built[h])
             return None
 
     def _baseline(self, dev: _Device) -> dict:
@@ -428,3 +470,11 @@ def _remove_tree(root: str, keep: str) -> None:
         shutil.rmtree(os.path.join(root, "code"), ignore_errors=True)
         return
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""

@@ -79,6 +79,20 @@ def test_private_copy_is_restored_and_original_changes_are_reported_once(tmp_pat
     assert code.problems() == []  # reported once per change, not for every later candidate
 
 
+def test_extra_names_in_the_private_copy_are_tampering_and_removed(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in eval_sandbox.CODE_FILES:
+        (src / name).write_text(f"# {name}\n")
+    code = eval_sandbox.PrivateCode(str(tmp_path / "private"), source_dir=str(src))
+    os.chmod(code.dir, 0o700)
+    (Path(code.dir) / "json").mkdir()
+    (Path(code.dir) / "json" / "__init__.py").write_text("raise SystemExit\n")
+    problems = code.problems()
+    assert any("json" in p for p in problems), problems
+    assert sorted(os.listdir(code.dir)) == sorted(eval_sandbox.CODE_FILES) and code.problems() == []
+
+
 # ------------------------------------------------------------------------------------------ end to end
 HELPER = "def fused_tail(x):\n    import torch\n    return torch.relu(x)\n"
 REF = '''import torch
@@ -159,6 +173,35 @@ def test_import_dirs_reach_every_worker_and_logs_stay_in_log_dir(ev):
     assert all(c["ok"] for c in r.details["timed_checks"])
 
 
+def test_honest_candidate_passes_when_no_timed_output_is_kept(tmp_path):
+    """keep_bytes=0: every revealed call is computed again from its inputs (the path large outputs take)."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    e = ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path / "cache"), import_dirs=[str(tmp_path / "mods")],
+                     timing_iters=6, warmup=1, run_timeout_s=60, keep_bytes=0)
+    try:
+        r = e.evaluate(HONEST)
+    finally:
+        e.close()
+    assert r.status == "ok", r.message
+    assert r.details["timed_checks"] and all(c["ok"] for c in r.details["timed_checks"])
+
+
+def test_a_cached_build_whose_libraries_changed_is_rebuilt(ev):
+    """A builder or runner of another candidate rewrote this build's library: the digest the parent kept
+    no longer matches, so the build is not loaded but made again, and the message says why."""
+    src = HONEST + "\n# cached-build test\n"
+    first = ev.evaluate(src)
+    assert first.status == "ok", first.message
+    build_dir = Path(ev.cache_dir, "ext", ek.source_hash(src)[:16])
+    (build_dir / "planted.so").write_bytes(b"not a library")
+    again = ev.evaluate(src)
+    assert again.status == "ok" and "tampering" in again.message, again.message
+    assert not (build_dir / "planted.so").exists()
+    third = ev.evaluate(src)
+    assert third.details.get("build_cached") and "tampering" not in third.message
+
+
 def test_device_info_is_public(ev):
     info = ev.device_info()
     assert info["device_name"] == "cpu" and "torch" in info and "ref_names" not in info
@@ -204,3 +247,139 @@ def test_find_processes_follows_the_environment_marker(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ------------------------------------------------------------------------------------------ namespace
+PROBE_CODE = """
+import ctypes, json, os, sys
+report = {"pid": os.getpid(), "visible": [int(e) for e in os.listdir("/" + "proc") if e.isdigit()], "writes": {}}
+for d in TARGETS:
+    try:
+        with open(os.path.join(d, "pacevolve-probe.pth"), "w") as f:
+            f.write("import sys\\n")
+        report["writes"][d] = "written"
+    except OSError as e:
+        report["writes"][d] = type(e).__name__
+# An escape the process sweep alone misses: subreaper off, double fork, setsid, empty environment.
+libc = ctypes.CDLL(None)
+libc.prctl(36, 0, 0, 0, 0)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", "MARKER"], {})
+    os._exit(0)
+os.wait()
+libc.prctl(36, 1, 0, 0, 0)
+with open(REPORT + "-" + os.urandom(6).hex(), "w") as f:
+    json.dump(report, f)
+"""
+PROBE = '''import builtins
+import torch
+import torch.nn as nn
+
+builtins.exec(CODE[::-1])  # reversed: the screen reads strings too, and this test is about what lies past it
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+'''
+
+
+def test_namespace_confines_builder_and_runner(ev, tmp_path):
+    """In the namespace: the evaluator's code, source and Python installation are read-only, the
+    evaluator's processes are invisible, and a daemon that leaves the worker's tree dies with it."""
+    if ev.isolation != "pid+mount namespace":
+        pytest.skip(f"no namespace here: {ev.isolation}")
+    import site
+    targets = [ev._code.dir, ev._code.source_dir, site.getsitepackages()[0]]
+    marker = f"pacevolve-test-escape-{os.getpid()}-{time.monotonic_ns()}"
+    report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
+    code = PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
+    src = PROBE.replace("CODE", repr(code[::-1]))
+    r = ev.evaluate(src)
+    time.sleep(0.5)
+    left = _alive_with(marker)
+    for pid in left:
+        os.kill(pid, 9)
+    import json
+    reports = [json.loads(Path(ev.cache_dir, n).read_text()) for n in os.listdir(ev.cache_dir)
+               if n.startswith(os.path.basename(report))]
+    for d in targets:
+        try:
+            os.remove(os.path.join(d, "pacevolve-probe.pth"))
+        except OSError:
+            pass
+    assert reports, r.message
+    for rep in reports:
+        assert all(v != "written" for v in rep["writes"].values()), rep["writes"]
+        assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
+    assert not left, f"escaped daemons survived: {left}"
+    assert r.details.get("isolation") == "pid+mount namespace" or r.status != "ok"
+
+
+# ------------------------------------------------------------------------------------------ parent's clock
+class _Opts:
+    cpu_threads, host_ratio, host_slack_ms = 1, None, 0.05
+
+
+class _Ev:
+    def __init__(self, device):
+        self.device, self.opts = device, _Opts()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.001, 100), st.floats(0.001, 100), st.floats(0, 100))
+def test_reported_runtime_never_below_the_parents_figure(device, event_ms, raw_ms, overhead_ms):
+    """Whatever the runner reports (event median) and whatever the bookkeeping figure (a stalled
+    reference worker inflates it), the runtime is at least half the parent-timed batch figure."""
+    import eval_run
+    timing = {"runtime_ms": event_ms, "batch_wall_ms_per_call": raw_ms, "batch_overhead_ms_per_call": overhead_ms}
+    runtime = eval_run._bounded_runtime(_Ev(device), timing)
+    assert runtime >= (1 - eval_run.OVERHEAD_SHARE) * raw_ms - 1e-9
+    assert runtime >= max(0.0, raw_ms - overhead_ms) - 1e-9
+    if device == "cpu":
+        assert runtime == timing["host_check"]["host_ms_per_call"]
+    else:
+        assert runtime >= event_ms
+
+
+@pytest.mark.parametrize("device,cpu_s,wall_s,ok", [
+    ("cpu", 0.10, 0.10, True), ("cpu", 0.19, 0.12, True), ("cpu", 0.40, 0.10, False),
+    ("cuda", 0.25, 0.10, True), ("cuda", 0.40, 0.10, False)])
+def test_cpu_time_beyond_the_allowed_cores_is_rejected(device, cpu_s, wall_s, ok):
+    import eval_run
+    details: dict = {}
+    r = eval_run._cpu_check(_Ev(device), cpu_s, wall_s, details)
+    assert (r is None) == ok
+    assert details["timing_checks"]["host_rounds_cpu"]["cpu_s"] == round(cpu_s, 4)
+    if not ok:
+        assert r.status == "rejected" and "extra cores" in r.message
+
+
+def test_cpu_seconds_counts_the_worker_and_what_it_started():
+    """A worker whose child burns CPU: the parent's reading grows by that child's time too."""
+    import eval_run
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time\\nt=time.time()\\nwhile time.time()-t<3: pass'])\n"
+            "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+
+    class _W:
+        mark = f"pv-none-{os.getpid()}"
+
+        def main_pid(self):
+            return proc.pid
+    try:
+        time.sleep(0.5)
+        before = eval_run.cpu_seconds(_W())
+        time.sleep(1.0)
+        after = eval_run.cpu_seconds(_W())
+        assert after - before > 0.05, (before, after)
+    finally:
+        eval_sandbox.kill_processes({proc.pid}, _W.mark)
+        proc.wait(timeout=5)

@@ -9,11 +9,13 @@ The kernel itself is honest. It only touches a file named like the
 evaluator's worker, never the naive harness.
 Seen: red-team pass on this evaluator (build step rewrote evaluate_kernel.py).
 Expected outcome: "rejected" (the evaluator's code is a private, hash-checked
-copy; a change to it rejects the candidate whose process was running).
+copy; a change to it rejects the candidate whose process was running), or,
+in a namespace, the write itself fails (the copy is mounted read-only) and
+the import error is reported.
 
 REFERENCE: gn
-EXPECT: rejected
-MESSAGE: modified
+EXPECT: rejected|compile_error|runtime_error
+MESSAGE: modified|Read-only
 """
 import builtins
 
