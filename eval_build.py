@@ -108,8 +108,11 @@ def _install_build_defaults(cfg: dict) -> dict:
         if reusable and _read(stamp) == fingerprint and os.path.exists(os.path.join(build_dir, name + ".so")):
             return ce._import_module_from_library(name, build_dir, True)
         if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
-            _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
-            kw["use_pch"] = True
+            try:
+                _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
+                kw["use_pch"] = True
+            except Exception as e:   # torch's install dir is read-only in the namespace: build without it
+                record["pch"] = f"not used: {type(e).__name__}"
         if cfg.get("nvcc") and "PYTORCH_NVCC" not in os.environ and getattr(ce, "CUDA_HOME", None):
             # fast_nvcc.py: nvcc's own steps, with the host and device front ends side by side.
             os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
