@@ -31,7 +31,9 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
 | ref    | ->  | cmd=ping       |                                          | the parent times a message round trip    |
 | ref    | <-  | pong           |                                          |                                          |
-| runner | <-  | done           | flags                                    | timing over; then the channel closes     |
+| runner | <-  | done           | flags                                    | timing over                              |
+| build, runner | <- | end        |                                          | nothing more follows (the launcher of a  |
+|        |     |                |                                          | namespace holds the channel open)        |
 | ref    | ->  | cmd=quit       |                                          |                                          |
 """
 from __future__ import annotations

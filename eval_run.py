@@ -341,14 +341,17 @@ def _forged(details: dict, what: str) -> EvalResult:
 
 
 def _drain(w: _Worker, deadline: float) -> int:
-    """Messages after the final one, until the worker closes the channel (it does right after)."""
+    """Messages after the final one, until the worker's "end" record (sent right after it) or the channel
+    closing."""
     extra = 0
     while True:
         try:
-            w.recv(max(0.1, min(10.0, deadline - time.monotonic())))
-            extra += 1
+            msg = w.recv(max(0.1, min(10.0, deadline - time.monotonic())))
         except (EOFError, TimeoutError):
             return extra
+        if msg.get("kind") == "end":
+            return extra
+        extra += 1
 
 
 def _failure(msg: dict, details: dict) -> EvalResult:

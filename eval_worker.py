@@ -413,6 +413,9 @@ def _worker_main() -> None:
     elif role == "ref":
         _role_ref(job, send, stdin.readline)
     sys.stdout.flush()
+    # The channel's write end is also held by the namespace's launcher (unshare), so closing it here is
+    # no end-of-file the parent sees: an explicit last record says that nothing more is coming.
+    send({"kind": "end"})
     chan.close()
     # Stay alive until the evaluator lets go (stdin closes, or it kills us): while we live, everything the
     # candidate started is our descendant, so the evaluator finds it by ancestry.
