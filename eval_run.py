@@ -273,7 +273,8 @@ def _timing_details(msg: dict, rounds: list, event_wall_ms: float, t: dict, deta
                          "runtime_ms": runtime, "bound": "host" if runtime > median else "gpu",
                          "plain_samples_ms": msg.get("plain_samples", []), "plain_median_ms": plain,
                          "device_tail_ms": None if math.isnan(tail) else tail, "tails_ms": msg.get("tails", []),
-                         "lead_ms": msg.get("lead_ms", 0.0), "io_bytes": msg.get("io_bytes", 0)}
+                         "lead_ms": msg.get("lead_ms", 0.0), "io_bytes": msg.get("io_bytes", 0),
+                         "peak_bytes": msg.get("peak_bytes")}
 
 
 def _host_figure(ev, timing: dict) -> tuple[float | None, float]:

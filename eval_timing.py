@@ -123,7 +123,8 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
         out_bytes = sum(o.numel() * o.element_size() for o in tensors)
         in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
         send({"kind": "timed", "samples": samples, "tails": tails, "lead_ms": lead_ms, "plain_samples": plain,
-              "queue_ms": queue, "io_bytes": in_bytes + out_bytes, "digests": _ints(digests)})
+              "queue_ms": queue, "io_bytes": in_bytes + out_bytes, "digests": _ints(digests),
+              "peak_bytes": _peak_bytes(device)})
         reveal = _host_rounds(model, ref_ns, keep, weights, device, t, send, recv)
     _ship(model, ref_ns, kept, device, t, send, reveal)
 
@@ -266,3 +267,13 @@ def _spin_cycles_per_ms() -> float:
     end.record()
     end.synchronize()
     return 2_000_000 / max(start.elapsed_time(end), 1e-3)
+
+
+def _peak_bytes(device) -> int:
+    """Peak memory so far: the GPU's allocations, or on the CPU the process's resident set (informational:
+    run.py reports it for the reference; nothing is judged by it)."""
+    import torch
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024   # Linux reports KiB

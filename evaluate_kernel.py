@@ -448,6 +448,14 @@ class Evaluator:
                 dev.baseline = {**res.details.get("timing", {}), "median_ms": res.runtime_ms}
         return dev.baseline
 
+    def baseline_info(self, gpu: int | None = None) -> dict:
+        """The reference's measurement on a device: median_ms, peak_bytes (GPU memory allocated, or the CPU
+        process's resident set) and what the peak counts."""
+        dev = self.devices[0] if gpu is None else next(d for d in self.devices if d.index == gpu)
+        base = self._baseline(dev)
+        return {"median_ms": base.get("median_ms"), "peak_bytes": base.get("peak_bytes"),
+                "peak_kind": "GPU memory allocated" if self.device == "cuda" else "process resident set"}
+
     def _check_code(self) -> None:
         """Compare the code the workers run (and its originals) with what was read at start."""
         with self._code_lock:

@@ -173,7 +173,8 @@ def measure_reference(make_evaluator, rd: rundir_mod.RunDir, task: tasks.Task, c
     evaluator, ms = result["evaluator"], result["ms"]
     # peak memory when the evaluator reports it (an optional `baseline_info() -> {"peak_bytes": ...}`)
     info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
-    peak = f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB" if info.get("peak_bytes") else ""
+    peak = (f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB ({info.get('peak_kind', 'peak')})"
+            if info.get("peak_bytes") else "")
     say(f"reference: {ms:.4g} ms per call{peak} (started and measured in {time.time() - t0:.1f} s)")
     if not cached:
         rd.store_eval(key, {"baseline_ms": ms})

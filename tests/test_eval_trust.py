@@ -383,3 +383,11 @@ def test_cpu_seconds_counts_the_worker_and_what_it_started():
     finally:
         eval_sandbox.kill_processes({proc.pid}, _W.mark)
         proc.wait(timeout=5)
+
+
+def test_baseline_info_reports_the_references_peak_memory():
+    import tasks
+    with ek.Evaluator.for_task(tasks.get("conv_groupnorm_small"), device="cpu") as ev:
+        info = ev.baseline_info()
+    assert info["median_ms"] > 0 and info["peak_kind"] == "process resident set"
+    assert 50 << 20 < info["peak_bytes"] < 64 << 30   # a Python process with torch loaded
