@@ -28,9 +28,9 @@ candidate is then the reference itself renamed ModelNew, the problems are the th
 conv_groupnorm_small, (a) is the median of 100 single calls on the host clock and (b) the same timer run
 again (on the CPU the evaluator's kernelbench_ms equals its gpu_ms).
 
-Time: about 3-5 minutes on one H100/H200 machine with 16 cores (each problem: an Evaluator start, one
+Time: about 3-6 minutes on one H100/H200 machine with 16 cores (each problem: an Evaluator start, one
 cold candidate build of 15-60 s, an evaluation of a few seconds, then ~5 s of independent timing);
-about 2 minutes on a 2-core CPU with --device cpu.
+about 3-4 minutes on a 2-core CPU with --device cpu.
 
     python3 scripts/bench_agreement.py --out /path/table.md
     python3 scripts/bench_agreement.py --device cpu --out /tmp/agreement_cpu.md
@@ -115,7 +115,7 @@ def main() -> int:
 
     started = time.perf_counter()
     work = tempfile.mkdtemp(prefix="pacevolve_agreement_")
-    rows: list[str] = []
+    rows: list[tuple[str, float | None]] = []
     notes: list[str] = [f"date {datetime.datetime.now():%Y-%m-%d %H:%M}, {device_name(args.device)}, torch "
                         f"{torch.__version__}" + (f", CUDA {torch.version.cuda}" if args.device == "cuda" else "")]
     try:
@@ -129,9 +129,14 @@ def main() -> int:
                 print(notes[-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    diffs = [(abs(d), line.split("|")[1].strip(), line.split("|")[2].strip()) for line, d in rows if d is not None]
+    if diffs:
+        worst = max(diffs)
+        notes.append(f"largest |difference|: {worst[0]:.1f}% ({worst[1]}, {worst[2]}); "
+                     f"{sum(d <= 5.0 for d, _, _ in diffs)} of {len(diffs)} figures within 5%")
     notes.append(f"wall time {time.perf_counter() - started:.0f} s")
     table = ("| problem | figure | evaluator | independent | difference % |\n|---|---|---|---|---|\n"
-             + "".join(rows) + "\n" + "".join(f"- {n}\n" for n in notes))
+             + "".join(line for line, _ in rows) + "\n" + "".join(f"- {n}\n" for n in notes))
     print("\n" + table)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -147,8 +152,9 @@ def candidate_source(name: str, device: str) -> str:
     return re.sub(r"\bModel\b", "ModelNew", tasks.get(name).reference_src)
 
 
-def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[str]) -> list[str]:
-    """Evaluate the candidate `src`, close the Evaluator, time both callables here; the table rows."""
+def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[str]) -> list[tuple[str, float | None]]:
+    """Evaluate the candidate `src`, close the Evaluator, time both callables here; the table rows
+    (line, difference %)."""
     task = tasks.get(name)
     t0 = time.perf_counter()
     ev = evaluate_kernel.Evaluator.for_task(task, device=device, cache_dir=cache_dir,
@@ -176,7 +182,8 @@ def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[s
             ours = timing.get(key, result.runtime_ms if key == "runtime_ms" else None)
             rows.append(row(name, f"candidate {label} ms", ours, getattr(cand, key)))
     else:
-        rows.append(f"| {name} | candidate | {result.status} | n/a | {result.message[:200].replace('|', '/').replace(chr(10), ' ')} |\n")
+        message = result.message[:200].replace("|", "/").replace("\n", " ")
+        rows.append((f"| {name} | candidate | {result.status} | n/a | {message} |\n", None))
     for key, label in FIGURES[device]:
         ours = reference_timing.get(key, result.baseline_ms if key == "runtime_ms" and ok else None)
         rows.append(row(name, f"reference {label} ms", ours, getattr(ref, key)))
@@ -186,11 +193,12 @@ def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[s
     return rows
 
 
-def row(problem: str, figure: str, evaluator, independent: float, fmt: str = "%.4f") -> str:
-    known = isinstance(evaluator, (int, float)) and math.isfinite(evaluator)
-    diff = f"{100 * (evaluator - independent) / independent:+.1f}" if known and independent else "n/a"
+def row(problem: str, figure: str, evaluator, independent: float, fmt: str = "%.4f") -> tuple[str, float | None]:
+    """A table line, and the difference in percent (None when the evaluator gives no figure)."""
+    known = isinstance(evaluator, (int, float)) and math.isfinite(evaluator) and independent > 0
+    diff = 100 * (evaluator - independent) / independent if known else None
     return (f"| {problem} | {figure} | {fmt % evaluator if known else 'n/a'} | {fmt % independent} | "
-            f"{diff} |\n")
+            f"{'n/a' if diff is None else f'{diff:+.1f}'} |\n", diff)
 
 
 # ------------------------------------------------------------------------------- the callables, here
