@@ -190,6 +190,17 @@ class Options:
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
+    steady_ms: float = 20.0  # (c): each back-to-back pass lasts about this long ...
+    steady_passes: int = 3  # ... the best of these counts (after one warm-up pass) ...
+    steady_sets: int = 4  # ... cycling through this many input sets
+    steady_min_calls: int = 10
+    steady_max_calls: int = 2000
+    paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
+    timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them
+    max_drift: float | None = None  # the paired reference counts up to this much above the start's baseline
+    # (None: 0.10 on a GPU, 1.0 on the CPU)
+    host_margin: float | None = None  # the runtime is at least the host rounds' figure / (1 + this) (None:
+    # 0.05 on a GPU, 0.10 on the CPU)
     host_ratio: float | None = None  # reject if event median * host_ratio < host per-call time (None: 3 on
     # a GPU, 10 on the CPU, where the host rounds share the cores with everything else) ...
     host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)

@@ -26,7 +26,7 @@ class _Device:
         self.physical = physical_gpu(index)
         self.ref: _Worker | None = None
         self.ref_lock = threading.Lock()
-        self.clean_timing: dict | None = None  # ping latency and bookkeeping measured during the baseline's run
+        self.clean_timing: dict | None = None  # the reference's host round during the baseline's run
         self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
         self.info = self._start_ref()
         # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,

@@ -18,8 +18,12 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | runner | <-  | outputs        | path, names, flags, marks                | trial outputs saved to path              |
 | runner | <-  | error/rejected | where, error, flags                      | import, forward or timing failed         |
 | runner | ->  | cmd=time       | seed                                     | timing starts; the seed of its inputs    |
-| runner | <-  | timed          | samples, tails, digests, ...             | event phase done; digests commit outputs |
-| runner | ->  | cmd=go         | seed                                     | one host round: N calls back to back     |
+| runner | <-  | block          |                                          | a block of event calls done; it waits    |
+| runner | ->  | cmd=next       |                                          | the next block (after one of the ref's)  |
+| runner | <-  | timed          | samples, tails, steady_ms, digests, ...  | event and steady phases done; digests    |
+|        |     |                |                                          | commit every timed call's outputs        |
+| runner | ->  | cmd=go         | seed, sets, chosen                       | one host round: N calls back to back;    |
+|        |     |                |                                          | chosen: the last round's call to keep    |
 | runner | <-  | round          | digests                                  | the round's calls are done (parent clock)|
 | runner | ->  | cmd=reveal     | calls                                    | which committed calls to ship            |
 | runner | <-  | shipped        | path                                     | those outputs saved to path              |
@@ -29,8 +33,13 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | <-  | prepared       | count                                    |                                          |
 | ref    | ->  | cmd=compare    | path, field, items, tolerances           | compare saved outputs (weights_only)     |
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
-| ref    | ->  | cmd=ping       |                                          | the parent times a message round trip    |
-| ref    | <-  | pong           |                                          |                                          |
+| ref    | ->  | cmd=time       | seed, timing, cpus                       | one block of the reference's paired      |
+|        |     |                |                                          | timing, on the runner's cores            |
+| ref    | <-  | ref_timed      | samples, plain_samples, steady_ms        |                                          |
+| ref    | ->  | cmd=pin        | cpus (or null)                           | onto the runner's cores for the rounds   |
+| ref    | <-  | pinned         |                                          |                                          |
+| ref    | ->  | cmd=round      | seed, sets, timing                       | the same host round on the reference     |
+| ref    | <-  | round          | digests                                  | (timed by the parent, between runner's)  |
 | runner | <-  | done           | flags                                    | timing over                              |
 | build, runner | <- | end        |                                          | nothing more follows (the launcher of a  |
 |        |     |                |                                          | namespace holds the channel open)        |

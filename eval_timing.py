@@ -1,9 +1,16 @@
-"""The timing loop, run inside the runner (the candidate's process): everything here is untrusted output.
+"""The timing loops, run inside the runner (the candidate's process) and the reference worker.
 
-The parent believes none of these numbers on their own (evaluate_kernel.py's docstring says what bounds
-them from outside). This module only makes honest measurements honest: KernelBench's protocol with an L2
-flush and a lead (_GpuHold), fresh inputs drawn for every call from a seed sent when timing starts, a
-digest of every timed output sent before the parent says which outputs to ship.
+In the runner everything here is untrusted output: the parent believes none of these numbers on their
+own (evaluate_kernel.py's docstring says what bounds them from outside); this module only makes honest
+measurements honest. The reference worker runs the same loops on the reference, so a candidate and the
+reference it is compared with are measured the same way, in the same window (eval_run.py pairs them).
+
+Three figures per callable, computed by the parent (eval_run.runtime_figures) from the samples here:
+  (a) GPU time: KernelBench's protocol (L2 flush, start event, the call, end event on its stream) with a
+      lead (_GpuHold) so the host's launch latency is hidden: what the call costs the GPU;
+  (b) KernelBench's current protocol as published (every fourth call of the event phase, without a lead);
+  (c) steady state: calls back to back on a few pre-drawn input sets, one synchronise, the host's clock:
+      what the call costs when the host is the slower side (launch-bound calls).
 """
 from __future__ import annotations
 
@@ -13,6 +20,227 @@ import time
 
 from eval_common import _flat, call_seed, output_digest
 from eval_inputs import _check_outputs, _draw_sets, _make_inputs, _sync
+
+
+def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", send, recv) -> None:
+    """The whole timing conversation of a runner: event and steady phases, host rounds, revealed outputs.
+
+    Event phase: calls on inputs drawn fresh from the seed the parent sent with "time", each after an L2
+    flush and (three in four) a lead; after each, how long the whole device stayed busy beyond the call's
+    stream (the tail), and a digest of its outputs. Steady phase: (c) above. Host rounds: on each "go", N
+    calls back to back on inputs drawn from that message's seed, then the digests of all N outputs, which
+    the parent's own clock brackets. Then "reveal" names the calls whose outputs are shipped for the
+    reference worker to check against the digests.
+    """
+    import torch
+    msg = recv()
+    if msg.get("cmd") != "time":
+        return
+    seed = msg["seed"]
+    weights: dict = {}
+    kept: dict = {}  # ("t", i) or ("h", round, i) -> outputs, while within keep_bytes
+    budget = {"t": [t["keep_bytes"], t["keep_bytes"]], "h": [t["keep_bytes"], 0]}  # [device, host] bytes
+
+    def keep(key, out) -> None:
+        # A copy, not a reference: a kernel may return the same buffer every call. On the device while
+        # keep_bytes allows, then on the host; beyond both, a revealed call is computed again.
+        # Host rounds copy only on the device (inside the parent's window, as the reference worker measured).
+        size, room = sum(o.numel() * o.element_size() for o in out), budget[key[0]]
+        for where in (0, 1):
+            if size <= room[where]:
+                room[where] -= size
+                kept[key] = [o.clone() if where == 0 else o.to("cpu") for o in out]
+                return
+
+    def drop_unchosen(round_: int, chosen: int) -> None:
+        for key in [k for k in kept if k[0] == "h" and k[1] == round_ and k[2] != chosen]:
+            budget["h"][0] += sum(o.numel() * o.element_size() for o in kept.pop(key))
+
+    digests: list = []
+    out_bytes = [0]
+
+    def commit(i: int, out) -> None:
+        tensors, problem = _check_outputs(out, device, copy=False)
+        if tensors is None:
+            raise RuntimeError(f"timed call {i}: {problem}")
+        digests.append(output_digest(tensors, weights))
+        keep(("t", i), tensors)
+        out_bytes[0] = sum(o.numel() * o.element_size() for o in tensors)
+
+    def between_blocks() -> None:
+        # The parent times a block of the reference here, on this device and core, while we wait.
+        send({"kind": "block"})
+        if recv().get("cmd") != "next":
+            raise RuntimeError("the timing conversation was broken off")
+
+    with torch.no_grad():
+        phase = event_phase(model, ref_ns, seed, t, device, hold, commit, tails=True, between=between_blocks)
+        phase["steady_ms"] = steady_phase(model, ref_ns, seed, t, device, phase)
+        phase["io_bytes"] = phase.pop("in_bytes") + out_bytes[0]
+        send({"kind": "timed", **phase, "digests": _ints(digests), "peak_bytes": _peak_bytes(device)})
+        reveal = _host_rounds(model, ref_ns, keep, drop_unchosen, weights, device, t, send, recv)
+    _ship(model, ref_ns, kept, device, t, send, reveal)
+
+
+def time_reference(model, ref_ns: dict, seed: int, t: dict, device, hold: "_GpuHold | None") -> dict:
+    """One block of the reference's half of a paired measurement: event calls as a runner makes them (the
+    parent puts these blocks between the candidate's), and the steady phase where t["steady_passes"] asks
+    for it. Nothing is committed: this process never runs candidate code."""
+    import torch
+    weights: dict = {}
+    kept: list = []
+    room = [t["keep_bytes"]]
+
+    def commit(i: int, out) -> None:
+        # What a runner does after each call (a digest, a copy kept), so both time their calls between
+        # the same work: on the CPU it decides what the caches hold when the next call starts.
+        tensors = [o for o in _flat(out)]
+        output_digest(tensors, weights)
+        size = sum(o.numel() * o.element_size() for o in tensors)
+        if size <= room[0]:
+            room[0] -= size
+            kept.append([o.clone() for o in tensors])
+
+    with torch.no_grad():
+        phase = event_phase(model, ref_ns, seed, dict(t, blocks=1), device, hold, commit, tails=False)
+        phase["steady_ms"] = steady_phase(model, ref_ns, seed, t, device, phase) if t["steady_passes"] else []
+    phase.pop("in_bytes")
+    kept.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the flush buffer goes back: the candidate's runner shares this GPU
+    return phase
+
+
+def event_phase(model, ref_ns: dict, seed: int, t: dict, device, hold, commit, tails: bool, between=None) -> dict:
+    """Warm-up, then t["iters"] calls on fresh inputs in t["blocks"] blocks (between() runs between two);
+    (a) and (b) samples, and on a GPU the tails."""
+    import torch
+    on_device = t["on_device"]
+
+    def draw(s: int, i: int) -> list:
+        return _make_inputs(ref_ns, {"seed": call_seed(s, i), "dist": "own", "on_device": on_device}, device)
+
+    flush = torch.empty(t["flush_bytes"] // 4, dtype=torch.float32, device=device) if device.type == "cuda" else None
+    samples, plain, tail_ms = [], [], []
+    # Warm-up: at least `warmup` calls and `warmup_ms` of work, so clocks and caches reach steady state.
+    t_end, i = time.perf_counter() + t["warmup_ms"] / 1e3, 0
+    while i < t["warmup"] or time.perf_counter() < t_end:
+        xs = draw(seed ^ 0x5A5A5A5A, i)
+        if flush is not None:
+            flush.fill_(0.0)
+        model(*xs)
+        _sync(device)
+        i += 1
+    cycles_per_ms = _spin_cycles_per_ms() if flush is not None and tails else 0.0
+    lead_ms = t.get("lead_ms", 0.0) if hold is not None else 0.0
+    per_block = -(-t["iters"] // t["blocks"])
+    for i in range(t["iters"]):
+        if i and i % per_block == 0 and between is not None:
+            between()
+        xs = draw(seed, i)
+        if flush is not None:
+            start, end, device_end, idle, idle_end = (torch.cuda.Event(enable_timing=True) for _ in range(5))
+            torch.cuda.synchronize()
+            flush.fill_(float(i))  # L2 flush: >= 2x the L2 size, outside the timed window
+            # (a): the GPU held for lead_ms before the start event, so the call's first launches are
+            # queued before the GPU reaches them. Without it the host's latency to its first kernel showed
+            # whenever it exceeded the flush: it moves in phases of seconds on these machines and moved
+            # 30-call medians by 2-3% (0.1% with this lead). (b): every fourth call as KernelBench times it.
+            with_lead = bool(lead_ms) and i % 4 != 3
+            if with_lead:
+                hold(lead_ms)
+            start.record()
+            out = model(*xs)
+            end.record()
+            if tails:
+                # Then the whole device: work still running on another stream makes the device finish after
+                # the call's stream, a tail, which the parent rejects when it is systematic. The host's own
+                # delay in noticing that the device is done (0.02-0.1 ms, varying from second to second) is
+                # measured right after by waiting as long for a GPU spin, and taken off: it is not work.
+                torch.cuda.synchronize()
+                device_end.record()
+                ms = start.elapsed_time(end)
+                torch.cuda._sleep(int(min(ms, 5.0) * cycles_per_ms))
+                idle.record()
+                torch.cuda.synchronize()
+                idle_end.record()
+                idle_end.synchronize()
+                tail_ms.append(end.elapsed_time(device_end) - idle.elapsed_time(idle_end))
+            else:
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            (samples if with_lead or not lead_ms else plain).append(ms)
+        else:
+            t0 = time.perf_counter()
+            out = model(*xs)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        if commit is not None:
+            commit(i, out)
+        del out
+    in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+    return {"samples": samples, "plain_samples": plain, "tails": tail_ms, "lead_ms": lead_ms, "in_bytes": in_bytes}
+
+
+def steady_phase(model, ref_ns: dict, seed: int, t: dict, device, phase: dict) -> list[float]:
+    """(c): per-call host time of calls back to back, one synchronise per pass; one figure per pass.
+
+    A few input sets, drawn before the passes and cycled (as a model serving a stream of requests sees
+    them); each pass lasts about steady_ms, so the synchronise and the clock's resolution are a small part
+    of it. The first pass is a warm-up: the host's caches and the allocator settle."""
+    sets = _draw_sets(ref_ns, seed ^ 0x3C3C3C3C, t["steady_sets"], device, t["on_device"])
+    samples = sorted(phase["samples"])
+    per_call = samples[len(samples) // 2] if samples else 1.0
+    n = int(min(t["steady_max_calls"], max(t["steady_min_calls"], t["steady_ms"] / max(per_call, 1e-3))))
+    out = []
+    for p in range(t["steady_passes"] + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        for i in range(n):
+            model(*sets[i % len(sets)])
+        _sync(device)
+        if p:
+            out.append((time.perf_counter() - t0) * 1e3 / n)
+    return out
+
+
+def _ints(digests: list) -> list[str]:
+    import torch
+    return [str(v) for v in torch.stack(digests).tolist()] if digests else []
+
+
+def _host_rounds(model, ref_ns: dict, keep, drop_unchosen, weights: dict, device, t: dict, send, recv) -> dict:
+    """On each "go": host_round(), then the N digests.
+
+    The inputs are unknown before "go" and the digests commit to every output's bits, so the work cannot
+    happen before the parent's clock starts or after it stops; the parent keeps the fastest round.
+    """
+    while True:
+        msg = recv()
+        if msg.get("cmd") != "go":
+            return msg  # the next command: "reveal"
+        if msg.get("chosen"):
+            drop_unchosen(*msg["chosen"])
+        digests = host_round(model, ref_ns, msg, t, device, weights, lambda i, out: keep(("h", msg["round"], i), out))
+        send({"kind": "round", "digests": digests})
+
+
+def host_round(model, ref_ns: dict, msg: dict, t: dict, device, weights: dict, keep) -> list[str]:
+    """N calls back to back on inputs drawn from msg's seed, a digest and a copy of each output, one sync.
+
+    The reference worker runs the very same steps on the reference, between the runner's rounds, so the
+    parent can take the rounds' own bookkeeping off by difference (eval_run._host_floor)."""
+    n = t["host_calls"]
+    # Distinct contents for every call while they fit in host_bytes (the parent sets how many: a cache
+    # keyed on contents or pointers then has nothing to find); beyond that, calls cycle through them.
+    sets = _draw_sets(ref_ns, msg["seed"], min(n, msg["sets"]), device, t["on_device"])
+    digests = []
+    for i in range(n):
+        out = _flat(model(*sets[i % len(sets)]))
+        digests.append(output_digest(out, weights))
+        keep(i, out)
+    _sync(device)
+    return _ints(digests)
+
 
 def _reset_persisting_l2(device) -> None:
     # Hack 15: lines marked persisting survive an L2 flush; with a zero persisting limit none can exist.
@@ -27,134 +255,6 @@ def _reset_persisting_l2(device) -> None:
             continue
         lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(0))  # cudaLimitPersistingL2CacheSize
         return
-
-
-def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", send, recv) -> None:
-    """The whole timing conversation of a runner: event phase, host rounds, then shipping revealed outputs.
-
-    Event phase: many calls, each on inputs drawn fresh from the seed the parent sent with "time", after
-    an L2 flush and a lead (_GpuHold), timed from the lead's end to the end of the call's stream; after
-    each, how long the whole device stayed busy beyond that (the tail). Every call's output digest is sent
-    with the samples. Host rounds: on each "go", N calls back to back on inputs drawn from that message's
-    seed, then the digests of all N outputs, which the parent's own clock brackets. Then "reveal" names
-    the calls whose outputs are shipped for the reference worker to check against the digests.
-    """
-    import torch
-    msg = recv()
-    if msg.get("cmd") != "time":
-        return
-    seed, on_device = msg["seed"], t["on_device"]
-    weights: dict = {}
-    kept: dict = {}  # ("t", i) or ("h", round, i) -> outputs, while within keep_bytes
-    budget = {"t": [t["keep_bytes"], t["keep_bytes"]], "h": [t["keep_bytes"], 0]}  # [device, host] bytes
-
-    def draw(s: int, i: int) -> list:
-        return _make_inputs(ref_ns, {"seed": call_seed(s, i), "dist": "own", "on_device": on_device}, device)
-
-    def keep(key, out) -> None:
-        # A copy, not a reference: a kernel may return the same buffer every call. On the device while
-        # keep_bytes allows, then on the host; beyond both, a revealed call is computed again.
-        # Host rounds copy only on the device (inside the parent's window, as the reference worker measured).
-        size, room = sum(o.numel() * o.element_size() for o in out), budget[key[0]]
-        for where in (0, 1):
-            if size <= room[where]:
-                room[where] -= size
-                kept[key] = [o.clone() if where == 0 else o.to("cpu") for o in out]
-                return
-
-    flush = torch.empty(t["flush_bytes"] // 4, dtype=torch.float32, device=device) if device.type == "cuda" else None
-    samples, plain, queue, tails, digests = [], [], [], [], []
-    with torch.no_grad():
-        # Warm-up: at least `warmup` calls and `warmup_ms` of work, so clocks and caches reach steady state.
-        t_end, i = time.perf_counter() + t["warmup_ms"] / 1e3, 0
-        while i < t["warmup"] or time.perf_counter() < t_end:
-            xs = draw(seed ^ 0x5A5A5A5A, i)
-            if flush is not None:
-                flush.fill_(0.0)
-            model(*xs)
-            _sync(device)
-            i += 1
-        cycles_per_ms = _spin_cycles_per_ms() if flush is not None else 0.0
-        lead_ms = t.get("lead_ms", 0.0) if hold is not None else 0.0
-        for i in range(t["iters"]):
-            xs = draw(seed, i)
-            if flush is not None:
-                start, end, device_end, idle, idle_end = (torch.cuda.Event(enable_timing=True) for _ in range(5))
-                torch.cuda.synchronize()
-                flush.fill_(float(i))  # L2 flush: >= 2x the L2 size, outside the timed window
-                # KernelBench's protocol (the start event waits behind the flush, the end event follows the
-                # call on its stream) plus a lead: the GPU held for lead_ms before the start event, so the
-                # call's first launches are queued before the GPU reaches them. Without it the host's
-                # latency to its first kernel showed whenever it exceeded the flush: it moves in phases of
-                # seconds on these machines and moved 30-call medians by 2-3% (0.1% with this lead).
-                with_lead = bool(lead_ms) and i % 4 != 3  # every fourth call as KernelBench times it: the host check
-                if with_lead:
-                    hold(lead_ms)
-                start.record()
-                q0 = time.perf_counter()
-                out = model(*xs)
-                if not with_lead:  # a call that waits on the GPU inside would also wait for the lead
-                    queue.append((time.perf_counter() - q0) * 1e3)
-                end.record()
-                # Then the whole device: work still running on another stream makes the device finish after
-                # the call's stream, a tail, which the parent rejects when it is systematic. The host's own
-                # delay in noticing that the device is done (0.02-0.1 ms, varying from second to second) is
-                # measured right after by waiting as long for a GPU spin, and taken off: it is not work.
-                torch.cuda.synchronize()
-                device_end.record()
-                ms = start.elapsed_time(end)
-                torch.cuda._sleep(int(min(ms, 5.0) * cycles_per_ms))
-                idle.record()
-                torch.cuda.synchronize()
-                idle_end.record()
-                idle_end.synchronize()
-                (samples if with_lead or not lead_ms else plain).append(ms)
-                tails.append(end.elapsed_time(device_end) - idle.elapsed_time(idle_end))
-            else:
-                t0 = time.perf_counter()
-                out = model(*xs)
-                samples.append((time.perf_counter() - t0) * 1e3)
-            tensors, problem = _check_outputs(out, device, copy=False)
-            if tensors is None:
-                raise RuntimeError(f"timed call {i}: {problem}")
-            digests.append(output_digest(tensors, weights))
-            keep(("t", i), tensors)
-            del out
-        out_bytes = sum(o.numel() * o.element_size() for o in tensors)
-        in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
-        send({"kind": "timed", "samples": samples, "tails": tails, "lead_ms": lead_ms, "plain_samples": plain,
-              "queue_ms": queue, "io_bytes": in_bytes + out_bytes, "digests": _ints(digests),
-              "peak_bytes": _peak_bytes(device)})
-        reveal = _host_rounds(model, ref_ns, keep, weights, device, t, send, recv)
-    _ship(model, ref_ns, kept, device, t, send, reveal)
-
-
-def _ints(digests: list) -> list[str]:
-    import torch
-    return [str(v) for v in torch.stack(digests).tolist()] if digests else []
-
-
-def _host_rounds(model, ref_ns: dict, keep, weights: dict, device, t: dict, send, recv) -> dict:
-    """On each "go": N calls back to back on inputs drawn from its seed, one sync, the N digests.
-
-    The inputs are unknown before "go" and the digests commit to every output's bits, so the work cannot
-    happen before the parent's clock starts or after it stops; the parent keeps the fastest round.
-    """
-    n = t["host_calls"]
-    while True:
-        msg = recv()
-        if msg.get("cmd") != "go":
-            return msg  # the next command: "reveal"
-        # Distinct contents for every call while they fit in host_bytes (the parent sets how many: a cache
-        # keyed on contents or pointers then has nothing to find); beyond that, calls cycle through them.
-        sets = _draw_sets(ref_ns, msg["seed"], min(n, msg["sets"]), device, t["on_device"])
-        digests = []
-        for i in range(n):
-            out = _flat(model(*sets[i % len(sets)]))
-            digests.append(output_digest(out, weights))
-            keep(("h", msg["round"], i), out)
-        _sync(device)
-        send({"kind": "round", "digests": _ints(digests)})
 
 
 def _ship(model, ref_ns: dict, kept: dict, device, t: dict, send, msg: dict) -> None:

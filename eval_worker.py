@@ -25,10 +25,10 @@ from typing import Any
 
 from eval_build import _exec_source, _install_build_defaults
 from eval_common import _flat, compare_outputs, output_digest
-from eval_inputs import (_build_model, _check_outputs, _clone_inputs, _draw_sets, _inputs_unchanged, _make_inputs, _poison,
+from eval_inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                          _setup_torch, _short_traceback, _sync)
 from eval_protocol import _LineReader, _check_parent
-from eval_timing import _make_hold, _reset_persisting_l2, _time_model
+from eval_timing import _make_hold, _reset_persisting_l2, _time_model, host_round, time_reference
 
 class _Guard:
     """Identity of timing/comparison functions and thread counts, captured before the candidate is imported.
@@ -223,21 +223,29 @@ def _role_ref(job: dict, send, recv) -> None:
     xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
     in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
     with torch.no_grad():
-        ref_out = _flat(models[(42, False)](*xs))
+        models[(42, False)](*xs)  # CUDA and the reference's kernels warm before the first comparison
     del xs
-    send({"kind": "ready", "ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes,
-          "host_overhead_ms": _host_overhead_ms(ref_ns, ref_out, in_bytes, job, device), **_device_info(device)})
+    hold = _make_hold(device)  # the timing lead, as in a runner
+    digest_weights: dict = {}
+    own_cpus = _affinity()
+    send({"kind": "ready", "ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes, **_device_info(device)})
     while True:
         req = recv()
         if req.get("cmd") == "quit":
             return
-        if req.get("cmd") == "ping":  # the parent's measure of a message round trip, and of the host
-            # rounds' bookkeeping under the machine's load of this moment
-            send({"kind": "pong", "host_overhead_ms": _host_overhead_ms(ref_ns, ref_out, in_bytes, job, device)
-                  if req.get("overhead") else None})
-            continue
         try:
-            if req.get("cmd") == "prepare":
+            if req.get("cmd") == "time":
+                reply = _ref_time(req, ref_ns, models, device, hold)
+            elif req.get("cmd") == "round":  # the reference's host round, between two of the runner's
+                with torch.no_grad():
+                    digests = host_round(_timing_model(ref_ns, models, device), ref_ns, req, req["timing"], device,
+                                         digest_weights, lambda i, out: [o.clone() for o in out])
+                send({"kind": "round", "digests": digests})  # at once: the parent's clock is running
+                continue
+            elif req.get("cmd") == "pin":  # onto the runner's cores for its rounds (null: back to ours)
+                _pin_all_threads(req.get("cpus") or own_cpus)
+                reply = {"kind": "pinned"}
+            elif req.get("cmd") == "prepare":
                 prepared.clear()  # at most one evaluation's reference outputs are kept
                 held, cap, outs = 0, req.get("max_bytes", 1 << 31), None
                 for item in req["items"]:
@@ -259,27 +267,35 @@ def _role_ref(job: dict, send, recv) -> None:
         send(reply)
 
 
-def _host_overhead_ms(ref_ns: dict, out: list, in_bytes: int, job: dict, device) -> float:
-    """What a host round spends besides the calls (drawing its input sets; a digest and a copy of each
-    output), measured here, in a process the candidate never ran in: the parent takes it off the round's
-    wall time. Best of 3."""
-    import torch
-    n = job["host_calls"]
-    sets = max(2, min(n, job["host_bytes"] // max(1, in_bytes)))
-    outs = [o for o in out if isinstance(o, torch.Tensor)]
-    weights: dict = {}
-    output_digest(outs, weights)
-    best = float("inf")
-    for _ in range(3):
-        _sync(device)
-        t0 = time.perf_counter()
-        _draw_sets(ref_ns, 1, sets, device, job.get("on_device", True))
-        for _ in range(n):
-            output_digest(outs, weights)
-            [o.clone() for o in outs]
-        _sync(device)
-        best = min(best, (time.perf_counter() - t0) * 1e3)
-    return best
+def _ref_time(req: dict, ref_ns: dict, models: dict, device, hold) -> dict:
+    """One block of the paired measurement, on the runner's core while the runner waits (our own cores
+    may be busy with builds), then back on ours."""
+    own = _affinity()
+    if req.get("cpus"):
+        _pin_all_threads(req["cpus"])
+    try:
+        phase = time_reference(_timing_model(ref_ns, models, device), ref_ns, req["seed"], req["timing"], device, hold)
+    finally:
+        if own:
+            _pin_all_threads(own)
+    return {"kind": "ref_timed", **phase}
+
+
+def _timing_model(ref_ns: dict, models: dict, device):
+    """The reference with the seed-42 weights, as runners time it (the comparisons may have swapped in
+    perturbed weights since)."""
+    key = (42, False)
+    if key not in models:
+        models.clear()
+        models[key] = _build_model(ref_ns["Model"], ref_ns, 42, False, device)[0]
+    return models[key]
+
+
+def _affinity() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
 
 
 def _perturbed(item: dict) -> bool:

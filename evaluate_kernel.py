@@ -24,11 +24,18 @@ file its user may write. So nothing the parent believes rests on that process's 
   skipped, cached, deferred or done lazily on inspection fails; an empty or short verification fails;
 * time: the runtime is bounded by this process's clock: host rounds (N calls back to back on fresh inputs,
   bracketed by this process's own "go" and the round's digests, which cannot be sent before the work
-  exists) give details["timing"]["batch_wall_ms_per_call"]; less the rounds' bookkeeping (capped at twice
-  its value during the baseline's run and at half the batch) it is the runtime on the CPU and a floor under
-  the event figure on a GPU. Event samples must also fit in the event phase's wall time and lie within
-  host_ratio of the host figure. The runner's CPU time over the rounds (/proc, all threads and processes)
-  must fit the cores allowed (eval_run._cpu_check);
+  exists) alternate with the same rounds on the reference in the reference worker, on the same core; the
+  reference's runtime plus the difference of the fastest rounds per call (the rounds' bookkeeping is the
+  same on both sides and cancels) is details["timing"]["host_ms_per_call"]. Less the rounds' own noise and
+  divided by 1 + host_margin (5% on a GPU, 10% on the CPU) it is a floor under the runtime, so figures the
+  runner forges lower its runtime by at most that. The reference's rounds are capped at twice their time
+  during the baseline's run (no candidate process alive then), and the runner's CPU time over all rounds
+  (/proc, all threads and processes) must fit the cores allowed (eval_run._cpu_check), so slowing the
+  reference's rounds buys nothing. Event samples must also fit in the event phase's wall time and, on a
+  GPU, lie within host_ratio of the host figure;
+* the speedup's other side: the reference is timed by the reference worker, in blocks between the
+  candidate's blocks (same device, same core, same minutes), so a change in the machine's load moves
+  both; the baseline measured at start is kept as details["baseline_start_ms"];
 * code: workers start with `python -I -B` from a private copy of this code (eval_sandbox.PrivateCode),
   whose whole tree is hash-checked before every worker starts and after every build and run; a change or
   an extra name there, or a change to the original files, rejects the candidate whose process was running
@@ -45,10 +52,12 @@ is not protected: the cache directory and files outside the read-only directorie
 namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep and
 the runner can signal the reference worker (its death then rejects the candidate).
 
-Timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream)
-with a lead (eval_timing._GpuHold: every SM's warp slots held for lead_ms before the start event). The
-baseline is the reference timed by the same routine on the same GPU, once per GPU. Left out: profiler
-proof that custom kernels ran, clock locking, precision policies other than fp32 / opt-in TF32.
+Runtime (eval_timing.py measures, eval_run.runtime_figures decides): (a) GPU time, KernelBench's protocol
+(synchronise, L2 flush, start event, the call, end event on its stream) with a lead (eval_timing._GpuHold:
+every SM's warp slots held for lead_ms before the start event) that hides the host's launch latency;
+(b) KernelBench's protocol as published, for the record; (c) the steady-state cost of back-to-back calls
+on the host clock. The runtime is max(a, c): whichever side, GPU or host, limits the call. Left out:
+profiler proof that custom kernels ran, clock locking, precision policies other than the problem's dtype.
 
 Files, by role (no import cycles): eval_common (leaf: results, options, comparison, digest), eval_screen
 (leaf), eval_protocol (the message table; the parent's handle on a worker), eval_sandbox (private code,
@@ -187,14 +196,29 @@ class Evaluator:
             with self._state_lock:
                 dev.pending -= 1
         if result.status == "ok":
-            result.baseline_ms = baseline["median_ms"]
-            result.speedup = baseline["median_ms"] / result.runtime_ms if result.runtime_ms else None
+            # The speedup comes from the pair measured in this evaluation; the baseline of the run's start
+            # stays for the record, and the drift between the two says how much the machine moved.
+            paired = result.details.get("reference_timing")
+            result.baseline_ms = paired["runtime_ms"] if paired else baseline["median_ms"]
+            # A reference slowed while the candidate's process lived (GPU work it left running, say) would
+            # inflate the speedup: the pair counts up to max_drift above the baseline measured at start.
+            cap = baseline["median_ms"] * (1.0 + self._max_drift())
+            if result.baseline_ms > cap:
+                result.details["reference_capped_from_ms"], result.baseline_ms = result.baseline_ms, cap
+            result.details["baseline_start_ms"] = baseline["median_ms"]
+            result.details["baseline_drift"] = result.baseline_ms / baseline["median_ms"] - 1.0
+            result.speedup = result.baseline_ms / result.runtime_ms if result.runtime_ms else None
             eval_run.physical_checks(self, result, dev)
         if "tampering" in details.get("build_note", ""):
             result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
         result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
                               cuda=dev.info.get("cuda"), wall_s=time.monotonic() - t_start)
         return result
+
+    def _max_drift(self) -> float:
+        if self.opts.max_drift is not None:
+            return self.opts.max_drift
+        return 0.10 if self.device == "cuda" else 1.0   # a CPU's load moves its timings by 2-4x
 
     def baseline_ms(self, gpu: int | None = None) -> float:
         dev = self._pick(gpu)
@@ -211,7 +235,7 @@ class Evaluator:
         dev = next((d for d in self.devices if gpu is None or d.index == gpu), None)
         if dev is None:
             raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
-        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes", "host_overhead_ms")
+        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes")
         return {k: v for k, v in dev.info.items() if k not in internal}
 
     # ---------------------------------------------------------------- plumbing

@@ -45,6 +45,9 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     lines.append("- evaluations: " + (", ".join(f"{k} {v}" for k, v in sorted(search.eval_counts.items()))
                                       or "none") + f"; CPU/GPU seconds checking and timing: "
                                                    f"{search.eval_seconds:.1f}")
+    drift = drift_summary(getattr(search, "drifts", []))
+    if drift:
+        lines.append("- " + drift)
     events = rd.events()
     if plot_progress(progress_data(events, s0), search.task.name, rd.path / "progress.png"):
         lines += ["", "![every evaluation and the best so far per island](progress.png)"]
@@ -158,6 +161,17 @@ def plot_progress(data: dict, title: str, path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def drift_summary(drifts: list[float]) -> str:
+    """How far the reference timed beside each candidate (whose ratio is the speedup) was from s_0."""
+    if not drifts:
+        return ""
+    ordered = sorted(drifts)
+    mid = ordered[len(ordered) // 2]
+    return (f"reference drift (timed beside each candidate vs s_0): median {mid:+.1%}, from {ordered[0]:+.1%} "
+            f"to {ordered[-1]:+.1%} over {len(drifts)} {_plural(len(drifts), 'evaluation')}; scores are "
+            "s_0 / speedup, so drift moves none")
 
 
 def _plural(n: int, word: str) -> str:

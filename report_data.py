@@ -267,7 +267,10 @@ def _read_candidates(run: Run) -> None:
             if c is not None and not c.details:
                 c.details = r.get("details") or {}
                 c.status = r.get("status") or c.status
-                c.runtime_ms = r.get("runtime_ms", c.runtime_ms)
+                if r.get("speedup") and run.baseline_ms:   # the run's score: s_0 / the paired speedup
+                    c.runtime_ms = run.baseline_ms / r["speedup"]
+                else:
+                    c.runtime_ms = r.get("runtime_ms", c.runtime_ms)
                 c.message = r.get("message") or c.message
     for c in run.candidates.values():
         origin = c.repair_of or c.parent

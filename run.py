@@ -17,8 +17,10 @@ in island order, Algorithm 2 runs for each island:
 What a backtrack never rolls back: the island's log of tried hypotheses (so nothing that failed is
 retried), its best-ever program and score (A_i measures what the island achieved), and the global best.
 
-The score is the candidate's runtime in ms (lower is better); s_0 is the PyTorch reference's runtime
-measured at the start on the same device, and the target r defaults to 0 ms (`--target-speedup S` sets
+The score is the candidate's runtime in ms (lower is better) at the run's reference conditions: s_0 / the
+speedup the evaluator measured against the reference timed beside the candidate, so a machine that got
+busier or quieter since the start moves no score. s_0 is the PyTorch reference's runtime measured at the
+start on the same device, and the target r defaults to 0 ms (`--target-speedup S` sets
 r = s_0 / S, the official configs' per-kernel "target score").
 
 `main` in order: the options are checked (cli.py); the task, device and LLM clients are set up and each
@@ -151,6 +153,7 @@ class Search:
         self.global_best: dict | None = None
         self.eval_seconds = 0.0
         self.eval_counts: dict[str, int] = {}
+        self.drifts: list[float] = []   # per evaluation: the reference timed beside it / s_0's measurement - 1
         self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
         self.evaluator_error: str | None = None   # the evaluator itself broke (not a candidate): stop the run
         self.wall_before, self.started = 0.0, time.time()   # wall time of earlier sessions, this one's start
@@ -239,21 +242,30 @@ class Search:
             with self._eval_lock:
                 self.eval_seconds += float(d.get("check_s") or 0) + float(d.get("time_s") or 0)
                 self.eval_counts[result["status"]] = self.eval_counts.get(result["status"], 0) + 1
-            self.rundir.event("evaluation", program=pid, status=result["status"],
-                              runtime_ms=result.get("runtime_ms"), message=result.get("message", "")[:500])
+                if isinstance(d.get("baseline_drift"), (int, float)):
+                    self.drifts.append(round(d["baseline_drift"], 5))
+            self.rundir.event("evaluation", program=pid, status=result["status"], runtime_ms=self.score(result),
+                              measured_ms=result.get("runtime_ms"), message=result.get("message", "")[:500])
         else:
             result = cached
             self.rundir.event("evaluation", program=pid, status=result["status"], cached=True,
-                              runtime_ms=result.get("runtime_ms"))
+                              runtime_ms=self.score(result))
         return self._outcome(result)
 
     def _outcome(self, r: dict) -> hcm.Outcome:
-        ok = r["status"] == "ok" and r.get("runtime_ms")
+        score = self.score(r)
         # An ok message is restated against the run's s_0: the evaluator's own baseline (measured again
         # after a resume, or per GPU) would show the model a second speedup for the same program.
-        return hcm.Outcome(status=r["status"], score=r["runtime_ms"] if ok else None,
-                           metric=self._metric_text(r["runtime_ms"]) if ok else r["status"],
-                           message=f"ok: {self._metric_text(r['runtime_ms'])}" if ok else r.get("message", ""))
+        return hcm.Outcome(status=r["status"], score=score, metric=self._metric_text(score) if score else r["status"],
+                           message=f"ok: {self._metric_text(score)}" if score else r.get("message", ""))
+
+    def score(self, r: dict) -> float | None:
+        """The runtime at the run's reference conditions: s_0 / speedup, where the speedup comes from the
+        reference timed beside the candidate (the machine's load between now and the start cancels out);
+        the candidate's own runtime where the result has no speedup."""
+        if r["status"] != "ok" or not r.get("runtime_ms"):
+            return None
+        return self.s0 / r["speedup"] if r.get("speedup") else r["runtime_ms"]
 
     def _generation(self, island: Island):
         parent = self._parent(island)
@@ -393,7 +405,7 @@ class Search:
     def state(self) -> dict:
         return {"version": 1, "round": self.round, "baseline_ms": self.s0, "target_ms": self.target,
                 "islands": [i.to_dict() for i in self.islands], "global_best": self.global_best,
-                "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts,
+                "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts, "drifts": self.drifts,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
                 "events": self.rundir.events_written}
@@ -410,6 +422,7 @@ class Search:
         self.global_best = state["global_best"]
         self.eval_seconds = state["eval_seconds"]
         self.eval_counts = state["eval_counts"]
+        self.drifts = state.get("drifts", [])
         self.llm_watch.restore(state.get("llm", {}))
         self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])

@@ -1,0 +1,111 @@
+"""The runtime's definition (eval_run.runtime_figures) and its bound by the parent's clock
+(eval_run._bounded_runtime): pure functions over the samples, tested without workers."""
+from __future__ import annotations
+
+import math
+import statistics
+import types
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+import eval_run
+from eval_common import Options
+
+samples = st.lists(st.floats(0.001, 100.0), min_size=1, max_size=60)
+
+
+@given(samples, st.lists(st.floats(0.001, 100.0), max_size=20), st.lists(st.floats(0.001, 100.0), max_size=4))
+def test_runtime_is_the_slower_of_gpu_time_and_steady_state(a, b, c):
+    f = eval_run.runtime_figures(a, b, c)
+    assert math.isclose(f["gpu_ms"], statistics.median(a))
+    assert math.isclose(f["kernelbench_ms"], statistics.median(b or a))
+    if c:
+        assert f["steady_ms"] == min(c)   # the best pass: load only ever slows a pass
+        assert f["runtime_ms"] == max(f["gpu_ms"], min(c))
+        assert f["bound"] == ("steady state (host)" if min(c) > f["gpu_ms"] else "gpu")
+    else:
+        assert f["steady_ms"] is None and f["runtime_ms"] == f["gpu_ms"]
+
+
+@given(samples, st.lists(st.floats(0.001, 100.0), max_size=4))
+def test_on_the_cpu_the_runtime_is_the_median_per_call(a, c):
+    f = eval_run.runtime_figures(a, [], c, gpu=False)
+    assert f["runtime_ms"] == f["gpu_ms"] == f["kernelbench_ms"] and math.isclose(f["gpu_ms"], statistics.median(a))
+
+
+def test_kernelbench_figure_is_the_median_of_the_samples_without_lead():
+    f = eval_run.runtime_figures([1.0, 1.0, 1.0], [2.0, 5.0, 3.0], [0.5])
+    assert f["kernelbench_ms"] == 3.0 and f["runtime_ms"] == 1.0 and f["bound"] == "gpu"
+
+
+def _ev(device: str, margin=None):
+    return types.SimpleNamespace(device=device, opts=Options(host_margin=margin))
+
+
+def _timing(runtime: float, host_ms: float, noise: float = 0.0) -> dict:
+    return {"runtime_ms": runtime, "host_ms_per_call": host_ms, "host_noise_ms": noise}
+
+
+@given(st.floats(0.001, 50.0), st.floats(0.001, 50.0), st.floats(0.0, 5.0), st.sampled_from(["cuda", "cpu"]))
+def test_runtime_never_below_the_host_figure_less_noise_and_margin(runtime, host_ms, noise, device):
+    t = _timing(runtime, host_ms, noise)
+    got = eval_run._bounded_runtime(_ev(device), t)
+    margin = 0.05 if device == "cuda" else 0.10
+    floor = max(host_ms - noise, 0.0) / (1 + margin)
+    assert got >= runtime and math.isclose(got, max(runtime, floor), rel_tol=1e-12, abs_tol=1e-12)
+    assert t["runtime_ms"] == got
+    if floor > runtime:   # the runner's own figure is kept for the record
+        assert t["runner_runtime_ms"] == runtime and t["bound"].startswith("host clock")
+
+
+def test_forged_samples_gain_at_most_the_margin():
+    # A runner claiming 10x faster than the parent's clock saw: the runtime is the host figure / 1.05.
+    t = _timing(0.1, 1.0)
+    assert math.isclose(eval_run._bounded_runtime(_ev("cuda"), t), 1.0 / 1.05)
+    t = _timing(0.1, 1.0)
+    assert math.isclose(eval_run._bounded_runtime(_ev("cpu", margin=0.0), t), 1.0)
+
+
+def test_the_baseline_has_no_floor():
+    t = {"runtime_ms": 0.5}   # no host estimate: the reference's own code, nothing to bound
+    assert eval_run._bounded_runtime(_ev("cuda"), t) == 0.5
+
+
+def test_host_estimate_is_the_reference_plus_the_difference_of_the_fastest_rounds():
+    dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
+    details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
+    job = {"mode": "candidate", "timing": {"host_calls": 10}}
+    # Candidate rounds 6, 6.1, 7 ms; the reference's 10, 10.2, 11 ms (1 ms per call, of which 0 ms is
+    # bookkeeping: the reference runs 1.0 ms): the candidate's calls are 0.4 ms cheaper each, so it costs
+    # 0.6 ms by the parent's clock, give or take the rounds' spread.
+    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.0061, 0.006, 0.007], [0.010, 0.0102, 0.011], details)
+    t = details["timing"]
+    assert math.isclose(t["host_ms_per_call"], 0.6) and math.isclose(t["host_noise_ms"], (0.0001 + 0.0002) * 1e3 / 10)
+    assert t["host_bookkeeping_ms"] == 0.0
+
+
+def test_half_the_rounds_bookkeeping_counts_as_noise():
+    # The reference runs 0.01 ms but its rounds take 0.07 ms per call: 0.06 ms of drawing and digests.
+    dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.0007}, baseline={"median_ms": 0.01})
+    details = {"timing": {}, "reference_timing": {"runtime_ms": 0.01}}
+    job = {"mode": "candidate", "timing": {"host_calls": 10}}
+    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.0009], [0.0007], details)
+    t = details["timing"]
+    assert math.isclose(t["host_bookkeeping_ms"], 0.06) and math.isclose(t["host_noise_ms"], 0.03)
+    assert math.isclose(t["host_ms_per_call"], 0.03)
+
+
+def test_slowed_reference_rounds_are_capped_by_the_clean_ones():
+    # Reference rounds made 5x slower during the candidate's run count as twice the baseline-time ones.
+    dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
+    details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
+    job = {"mode": "candidate", "timing": {"host_calls": 10}}
+    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.010], [0.050], details)
+    assert math.isclose(details["timing"]["host_ms_per_call"], 1.0 + (0.010 - 0.020) * 1e3 / 10)
+
+
+def test_an_honest_figure_within_the_margin_is_its_own():
+    # Host rounds 3% above the events (bookkeeping noise, clocks in short bursts): the events stand.
+    t = _timing(1.50, 1.545)
+    assert eval_run._bounded_runtime(_ev("cuda"), t) == 1.50 and "runner_runtime_ms" not in t
