@@ -205,15 +205,31 @@ def namespace_problem() -> str:
 
 
 def library_digest(build_dir: str) -> str:
-    """sha256 over every shared library under build_dir (names and bytes), what a runner would load."""
+    """sha256 over every file under build_dir that a runner or its ninja would read (names and bytes).
+
+    Not only the libraries: a runner whose call stamp no longer matches asks ninja, which relinks an
+    unchanged library from a replaced object file whose mtime was set back. Left out are the parent's own
+    files (BUILT, build.log) and what can only make ninja rebuild from the covered files (its logs, the
+    lock); a symbolic link counts as its target's name, never followed.
+    """
     h = hashlib.sha256()
     for here, dirs, files in sorted(os.walk(build_dir)):
         dirs.sort()
         for name in sorted(files):
-            if name.endswith(".so"):
-                path = os.path.join(here, name)
-                h.update(os.path.relpath(path, build_dir).encode() + b"\0" + (_digest(path) or b"missing"))
+            path = os.path.join(here, name)
+            rel = os.path.relpath(path, build_dir)
+            if rel in _PARENT_FILES or name in _REBUILD_ONLY:
+                continue
+            if os.path.islink(path):
+                content = b"link:" + os.readlink(path).encode()
+            else:
+                content = _digest(path) or b"missing"
+            h.update(rel.encode() + b"\0" + content + b"\0")
     return h.hexdigest()
+
+
+_PARENT_FILES = {"BUILT", "build.log"}
+_REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
 
 
 def private_root(prefix: str = "pacevolve-") -> str:

@@ -33,17 +33,24 @@ file its user may write. So nothing the parent believes rests on that process's 
   whose whole tree is hash-checked before every worker starts and after every build and run; a change or
   an extra name there, or a change to the original files, rejects the candidate whose process was running
   (the copy is restored, the spares that may have read it discarded). A reference-worker death during an
-  evaluation rejects the candidate; built libraries are hash-checked before a cached build is reused;
+  evaluation rejects the candidate; a build's files are hash-checked before a cached build is reused
+  (eval_sandbox.library_digest: whatever a runner loads or ninja relinks from). The digest is kept in
+  memory; a later Evaluator believes the BUILT marker in the writable cache only if it carries an
+  HMAC-SHA256 over (source hash, digest) under a per-user key (eval_sandbox.BuildSeal) kept outside the
+  cache in a directory the namespace hides; without a namespace the key is deleted, markers are not
+  signed, and only this Evaluator's own builds are reused (details["build_note"] says why it rebuilt);
 * processes: builder and runner start in a PID + mount namespace where one can be made (eval_sandbox.
   Namespace: everything in it dies with it, the evaluator's processes are invisible, code, source and the
-  Python installation read-only; details["isolation"] says whether it applied); in any case everything a
-  worker started is found (descendants, the worker being a child subreaper, and an environment marker)
-  and killed when its job ends; the baseline is measured before any build.
+  Python installation read-only, the marker key hidden; details["isolation"] says whether it applied); in
+  any case everything a worker started is found (descendants, the worker being a child subreaper, and an
+  environment marker) and killed when its job ends; the baseline is measured before any build.
 
 The static screen stays as a fast first filter with clear messages; no verdict depends on it alone. What
-is not protected: the cache directory and files outside the read-only directories stay writable; without a
-namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep and
-the runner can signal the reference worker (its death then rejects the candidate).
+is not protected: the cache directory and files outside the read-only directories stay writable (so a
+runner alive while another candidate is built can change that build before the parent hashes it); without
+a namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep,
+the runner can signal the reference worker (its death then rejects the candidate), and a marker key made
+by a namespaced Evaluator while this one runs is readable by its candidates until it closes.
 
 Timing is KernelBench's protocol (synchronise, L2 flush, start event, the call, end event on its stream)
 with a lead (eval_timing._GpuHold: every SM's warp slots held for lead_ms before the start event). The

@@ -54,10 +54,11 @@ class ModelNew(nn.Module):
         return ext.relu_gram(x)
 '''
 # Runs in the cheat's builder and runner: rewrite the honest build's library (still a loadable ELF with a
-# tail) and its marker, with the digest recomputed as eval_sandbox.library_digest does and, if the key can
-# be read, a valid tag. A marker holding only a digest would now vouch for the forged library.
+# tail) and its marker, with the digest from the worker's own copy of eval_sandbox.library_digest and, if
+# the key can be read, a valid tag. A marker holding only a digest would now vouch for the forged library.
 FORGE = r"""
 import hashlib, hmac, json, os
+import eval_sandbox
 target, key_path, report = TARGET, KEY_PATH, REPORT
 try:
     with open(key_path, "rb") as f:
@@ -70,15 +71,7 @@ for here, dirs, files in os.walk(target):
         if name.endswith(".so"):
             with open(os.path.join(here, name), "ab") as f:
                 f.write(b"forged")
-h = hashlib.sha256()
-for here, dirs, files in sorted(os.walk(target)):
-    dirs.sort()
-    for name in sorted(files):
-        if name.endswith(".so"):
-            path = os.path.join(here, name)
-            with open(path, "rb") as f:
-                h.update(os.path.relpath(path, target).encode() + b"\0" + hashlib.sha256(f.read()).digest())
-digest = h.hexdigest()
+digest = eval_sandbox.library_digest(target)
 tag = hmac.new(key, ("pacevolve-build\0" + SOURCE_HASH + "\0" + digest).encode(), hashlib.sha256).hexdigest()
 with open(os.path.join(target, "BUILT"), "w") as f:
     f.write(digest + "\n" + tag + "\n")
@@ -165,6 +158,32 @@ def test_without_a_namespace_a_fresh_evaluator_trusts_only_its_own_builds(root):
     assert first.status == "ok" and not first.details.get("build_cached"), first.details
     assert "not trusted without a namespace" in first.details.get("build_note", "")
     assert second.status == "ok" and second.details.get("build_cached")  # its own build, digest in memory
+
+
+# ------------------------------------------------------------------------------------------ the digest
+def test_the_digest_covers_what_ninja_would_relink_from(tmp_path):
+    """An object file replaced (its mtime set back, the library untouched) is relinked by ninja in a runner
+    whose call stamp was changed: both count. Ninja's logs and the parent's files only trigger rebuilds."""
+    ext = tmp_path / "relu_gram_cpp"
+    ext.mkdir()
+    for name in ("main.cpp", "main.o", "relu_gram_cpp.so", "build.ninja", "pacevolve-call.sha256", ".ninja_log",
+                 ".ninja_deps", "lock"):
+        (ext / name).write_bytes(name.encode())
+    (tmp_path / "BUILT").write_text("x")
+    (tmp_path / "build.log").write_text("x")
+    before = eval_sandbox.library_digest(str(tmp_path))
+    for name in (".ninja_log", ".ninja_deps", "lock"):
+        (ext / name).write_bytes(b"changed")
+    (tmp_path / "BUILT").write_text("y")
+    (tmp_path / "build.log").write_text("y")
+    assert eval_sandbox.library_digest(str(tmp_path)) == before
+    for name in ("main.o", "pacevolve-call.sha256", "build.ninja"):
+        original = (ext / name).read_bytes()
+        (ext / name).write_bytes(b"forged")
+        assert eval_sandbox.library_digest(str(tmp_path)) != before, name
+        (ext / name).write_bytes(original)
+    (ext / "evil.o").symlink_to(tmp_path / "elsewhere")
+    assert eval_sandbox.library_digest(str(tmp_path)) != before
 
 
 # ------------------------------------------------------------------------------------------ the seal
