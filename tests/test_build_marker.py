@@ -2,7 +2,7 @@
 candidates cannot read (eval_sandbox.BuildSeal, hidden by the namespace); without a namespace a fresh
 Evaluator trusts no marker it did not write (CPU, CI).
 
-One C++ candidate is built at most three times (~10-20 s each on 2 cores); the cheat is pure Python.
+One C++ candidate is built twice (~10-30 s each on 2 cores); the others are pure Python.
 """
 from __future__ import annotations
 
@@ -92,6 +92,7 @@ class ModelNew(nn.Module):
     def forward(self, x):
         return torch.relu(torch.mm(x, x.t()))
 '''
+HONEST_PY = CHEAT.replace("builtins.exec(CODE[::-1])  # reversed: this test is about what lies past the screen\n", "")
 NAMESPACE = eval_sandbox.namespace_problem()
 
 
@@ -105,8 +106,8 @@ def _evaluator(root: Path, **kw) -> ek.Evaluator:
                         timing_iters=5, warmup=1, run_timeout_s=60, build_timeout_s=300, **kw)
 
 
-def _build_dir(root: Path) -> Path:
-    return root / "cache" / "ext" / ek.source_hash(HONEST_CPP)[:16]
+def _build_dir(root: Path, src: str = HONEST_CPP) -> Path:
+    return root / "cache" / "ext" / ek.source_hash(src)[:16]
 
 
 def _cheat(root: Path) -> str:
@@ -144,17 +145,23 @@ def test_a_forged_marker_is_not_trusted_and_an_honest_one_is(root):
 
     with _evaluator(root) as later:
         cached = later.evaluate(HONEST_CPP)
+        assert later.evaluate(HONEST_PY).status == "ok"  # a signed marker for the test below
     assert cached.status == "ok" and cached.details.get("build_cached"), cached.details
 
 
 def test_without_a_namespace_a_fresh_evaluator_trusts_only_its_own_builds(root):
-    if not (_build_dir(root) / "BUILT").exists():  # the namespace test did not run: make a marker first
+    """Even a validly signed marker (where the namespace test ran) is not believed."""
+    marker = _build_dir(root, HONEST_PY) / "BUILT"
+    if marker.exists():
+        seal = eval_sandbox.BuildSeal(str(root / "keys"))
+        assert seal.opened(ek.source_hash(HONEST_PY), marker.read_text())
+    else:  # the namespace test did not run: make a marker first
         with _evaluator(root, isolate=False) as ev:
-            assert ev.evaluate(HONEST_CPP).status == "ok"
+            assert ev.evaluate(HONEST_PY).status == "ok"
     with _evaluator(root, isolate=False) as fresh:
         assert not (root / "keys" / eval_sandbox.KEY_NAME).exists()  # deleted: its candidates could read it
-        first = fresh.evaluate(HONEST_CPP)
-        second = fresh.evaluate(HONEST_CPP)
+        first = fresh.evaluate(HONEST_PY)
+        second = fresh.evaluate(HONEST_PY)
     assert first.status == "ok" and not first.details.get("build_cached"), first.details
     assert "not trusted without a namespace" in first.details.get("build_note", "")
     assert second.status == "ok" and second.details.get("build_cached")  # its own build, digest in memory
