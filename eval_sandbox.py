@@ -108,7 +108,9 @@ class Namespace:
     def wrap(self, argv: list[str]) -> list[str]:
         writable = [d for d in self.writable if os.path.isdir(d)]
         read_only = [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)]
-        hidden = [d for d in dict.fromkeys(self.hidden) if os.path.isdir(d)]
+        hidden = list(dict.fromkeys(self.hidden))
+        for d in hidden:  # made if gone: a key created there later must not be visible to this worker
+            os.makedirs(d, mode=0o700, exist_ok=True)
         # --kill-child: if unshare itself is killed, the namespace's first process gets SIGKILL, and with
         # it every process in the namespace. The bounding set without CAP_SYS_ADMIN: no remount, no umount
         # (so no way under the tmpfs that hides the key).
