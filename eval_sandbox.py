@@ -15,8 +15,15 @@
   the namespace's first process, however it was started; they cannot see or signal the reference worker
   or the evaluator (outside their PID namespace); the private code, the evaluator's source directory and
   the Python installation are bind-mounted read-only, and CAP_SYS_ADMIN is dropped so the candidate
-  cannot remount them. /dev is untouched (the GPU device nodes stay usable). Without it, the process
+  cannot remount them. /dev is untouched (the GPU device nodes stay usable). The `hidden` directories
+  (the build-marker key's) are covered by an empty read-only tmpfs. Without a namespace, the process
   sweep and the hash checks above are all there is (namespace_problem() says why).
+* BuildSeal: a build's BUILT marker (in the writable cache) carries an HMAC-SHA256 over (source hash,
+  library digest) under a per-user key kept outside the cache, in a directory the namespace hides. A
+  later Evaluator trusts a cached build only if the marker's tag is right and the libraries still have
+  the digest it vouches for: a candidate can rewrite another build and its marker, but not sign it.
+  Candidates that ran without a namespace could read the key, so such Evaluators hold no key, trust
+  only their own builds, and delete the key file (forget_key) when they start and close.
 
 No cgroups: the CI container and the GPU machine do not let an unprivileged process create them, and the
 scan costs a few milliseconds per evaluation.
@@ -24,14 +31,16 @@ scan costs a few milliseconds per evaluation.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
+import secrets
 import shutil
 import signal
 import stat
 import subprocess
 import sysconfig
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
 CODE_FILES = ("evaluate_kernel.py", "eval_build.py", "eval_common.py", "eval_device.py", "eval_inputs.py",
@@ -90,22 +99,28 @@ class PrivateCode:
 @dataclass
 class Namespace:
     """The PID + mount namespace a builder or runner starts in: `read_only` directories are bind-mounted
-    read-only (recursively, so a writable directory bound inside one first stays writable)."""
+    read-only (recursively, so a writable directory bound inside one first stays writable); `hidden`
+    directories are covered by an empty read-only tmpfs, last, so they stay hidden inside either."""
     read_only: list[str]
     writable: list[str]
+    hidden: list[str] = field(default_factory=list)
 
     def wrap(self, argv: list[str]) -> list[str]:
         writable = [d for d in self.writable if os.path.isdir(d)]
         read_only = [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)]
+        hidden = list(dict.fromkeys(self.hidden))
+        for d in hidden:  # made if gone: a key created there later must not be visible to this worker
+            os.makedirs(d, mode=0o700, exist_ok=True)
         # --kill-child: if unshare itself is killed, the namespace's first process gets SIGKILL, and with
-        # it every process in the namespace. The bounding set without CAP_SYS_ADMIN: no remount, no umount.
+        # it every process in the namespace. The bounding set without CAP_SYS_ADMIN: no remount, no umount
+        # (so no way under the tmpfs that hides the key).
         return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--", "/bin/sh", "-c",
                 _MOUNT_SCRIPT, "sh", str(len(writable)), *writable, str(len(read_only)), *read_only,
-                "setpriv", "--bounding-set", "-sys_admin", "--", *argv]
+                str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-sys_admin", "--", *argv]
 
 
-# Arguments: N writable dirs, M read-only dirs, then the command. A failed mount aborts (exit 97): a
-# worker never runs with less protection than the Evaluator reported.
+# Arguments: N writable dirs, M read-only dirs, K hidden dirs, then the command. A failed mount aborts
+# (exit 97): a worker never runs with less protection than the Evaluator reported.
 _MOUNT_SCRIPT = """set -e
 n=$1; shift
 while [ "$n" -gt 0 ]; do mount --bind "$1" "$1" || exit 97; shift; n=$((n-1)); done
@@ -115,8 +130,56 @@ while [ "$n" -gt 0 ]; do
   mount -o remount,bind,ro "$1" || exit 97
   shift; n=$((n-1))
 done
+n=$1; shift
+while [ "$n" -gt 0 ]; do
+  mount -t tmpfs -o ro,size=4k,mode=0500 pacevolve-hidden "$1" || exit 97
+  shift; n=$((n-1))
+done
 exec "$@"
 """
+
+
+class BuildSeal:
+    """Signs and checks BUILT markers with a per-user key (key_dir/KEY_NAME, mode 0600).
+
+    The marker holds the library digest and an HMAC-SHA256 tag over (source hash, digest): a marker moved
+    from another source's build, or rewritten with a new digest, fails the check.
+    """
+
+    def __init__(self, key_dir: str):
+        self.key = _load_or_create_key(os.path.join(key_dir, KEY_NAME))
+
+    def seal(self, source_hash: str, digest: str) -> str:
+        return f"{digest}\n{self._tag(source_hash, digest)}\n"
+
+    def opened(self, source_hash: str, marker_text: str) -> str:
+        """The digest the marker vouches for, or "" when its tag is not ours (unsigned, another key, forged)."""
+        parts = marker_text.split()
+        if len(parts) != 2:
+            return ""
+        digest, tag = parts
+        return digest if hmac.compare_digest(tag, self._tag(source_hash, digest)) else ""
+
+    def _tag(self, source_hash: str, digest: str) -> str:
+        message = f"pacevolve-build\0{source_hash}\0{digest}".encode()
+        return hmac.new(self.key, message, hashlib.sha256).hexdigest()
+
+
+KEY_NAME = "build-marker.key"
+
+
+def default_key_dir() -> str:
+    """Beside the default cache, not in it: $XDG_CACHE_HOME/pacevolve/keys or ~/.cache/pacevolve/keys."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pacevolve", "keys")
+
+
+def forget_key(key_dir: str) -> None:
+    """Delete the key: candidates run without a namespace may have read it (or planted one)."""
+    try:
+        os.remove(os.path.join(key_dir, KEY_NAME))
+    except OSError:
+        pass
 
 
 def python_dirs() -> list[str]:
@@ -130,8 +193,10 @@ def namespace_problem() -> str:
     """Empty when builder and runner can start in a namespace here; otherwise why not."""
     if not os.path.isdir("/proc") or shutil.which("unshare") is None or shutil.which("setpriv") is None:
         return "util-linux unshare/setpriv or /proc missing"
-    with tempfile.TemporaryDirectory() as d:
-        probe = Namespace([d], []).wrap(["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && test \"$$\" = 1"])
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as secret:
+        open(os.path.join(secret, "key"), "w").close()
+        probe = Namespace([d], [], [secret]).wrap(
+            ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! test -e {secret}/key && test \"$$\" = 1"])
         try:
             r = subprocess.run(probe, capture_output=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -142,15 +207,31 @@ def namespace_problem() -> str:
 
 
 def library_digest(build_dir: str) -> str:
-    """sha256 over every shared library under build_dir (names and bytes), what a runner would load."""
+    """sha256 over every file under build_dir that a runner or its ninja would read (names and bytes).
+
+    Not only the libraries: a runner whose call stamp no longer matches asks ninja, which relinks an
+    unchanged library from a replaced object file whose mtime was set back. Left out are the parent's own
+    files (BUILT, build.log) and what can only make ninja rebuild from the covered files (its logs, the
+    lock); a symbolic link counts as its target's name, never followed.
+    """
     h = hashlib.sha256()
     for here, dirs, files in sorted(os.walk(build_dir)):
         dirs.sort()
         for name in sorted(files):
-            if name.endswith(".so"):
-                path = os.path.join(here, name)
-                h.update(os.path.relpath(path, build_dir).encode() + b"\0" + (_digest(path) or b"missing"))
+            path = os.path.join(here, name)
+            rel = os.path.relpath(path, build_dir)
+            if rel in _PARENT_FILES or name in _REBUILD_ONLY:
+                continue
+            if os.path.islink(path):
+                content = b"link:" + os.readlink(path).encode()
+            else:
+                content = _digest(path) or b"missing"
+            h.update(rel.encode() + b"\0" + content + b"\0")
     return h.hexdigest()
+
+
+_PARENT_FILES = {"BUILT", "build.log"}
+_REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
 
 
 def private_root(prefix: str = "pacevolve-") -> str:
@@ -216,6 +297,39 @@ def _reap(pids: set[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
         except (ChildProcessError, OSError):
             pass
+
+
+def _load_or_create_key(path: str) -> bytes:
+    """The key at path, made (32 random bytes, mode 0600) if missing or malformed; concurrent Evaluators
+    agree on one: a new key is linked into place only where none exists."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.chmod(os.path.dirname(path), 0o700)
+    for _ in range(5):
+        key = _read_key(path)
+        if key is not None:
+            return key
+        tmp = f"{path}.{secrets.token_hex(6)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if _read_key(path) is None:  # malformed (a key being made is linked whole, never partial)
+                os.replace(tmp, path)
+        finally:
+            _remove_any(tmp)
+    raise RuntimeError(f"cannot create or read the build-marker key {path}")
+
+
+def _read_key(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        key = f.read(64)
+    return key if len(key) == 32 else None
 
 
 def _read_bytes(path: str) -> bytes | None:

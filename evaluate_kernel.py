@@ -40,17 +40,24 @@ file its user may write. So nothing the parent believes rests on that process's 
   whose whole tree is hash-checked before every worker starts and after every build and run; a change or
   an extra name there, or a change to the original files, rejects the candidate whose process was running
   (the copy is restored, the spares that may have read it discarded). A reference-worker death during an
-  evaluation rejects the candidate; built libraries are hash-checked before a cached build is reused;
+  evaluation rejects the candidate; a build's files are hash-checked before a cached build is reused
+  (eval_sandbox.library_digest: whatever a runner loads or ninja relinks from). The digest is kept in
+  memory; a later Evaluator believes the BUILT marker in the writable cache only if it carries an
+  HMAC-SHA256 over (source hash, digest) under a per-user key (eval_sandbox.BuildSeal) kept outside the
+  cache in a directory the namespace hides; without a namespace the key is deleted, markers are not
+  signed, and only this Evaluator's own builds are reused (details["build_note"] says why it rebuilt);
 * processes: builder and runner start in a PID + mount namespace where one can be made (eval_sandbox.
   Namespace: everything in it dies with it, the evaluator's processes are invisible, code, source and the
-  Python installation read-only; details["isolation"] says whether it applied); in any case everything a
-  worker started is found (descendants, the worker being a child subreaper, and an environment marker)
-  and killed when its job ends; the baseline is measured before any build.
+  Python installation read-only, the marker key hidden; details["isolation"] says whether it applied); in
+  any case everything a worker started is found (descendants, the worker being a child subreaper, and an
+  environment marker) and killed when its job ends; the baseline is measured before any build.
 
 The static screen stays as a fast first filter with clear messages; no verdict depends on it alone. What
-is not protected: the cache directory and files outside the read-only directories stay writable; without a
-namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep and
-the runner can signal the reference worker (its death then rejects the candidate).
+is not protected: the cache directory and files outside the read-only directories stay writable (so a
+runner alive while another candidate is built can change that build before the parent hashes it); without
+a namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep,
+the runner can signal the reference worker (its death then rejects the candidate), and a marker key made
+by a namespaced Evaluator while this one runs is readable by its candidates until it closes.
 
 Runtime (eval_timing.py measures, eval_run.runtime_figures decides): (a) GPU time, KernelBench's protocol
 (synchronise, L2 flush, start event, the call, end event on its stream) with a lead (eval_timing._GpuHold:
@@ -85,7 +92,8 @@ from eval_build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_com
 from eval_common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
 from eval_device import _cuda_count, _Device, gpu_lock_path, physical_gpu
 from eval_protocol import _Worker
-from eval_sandbox import Namespace, PrivateCode, library_digest, namespace_problem, private_root, python_dirs
+from eval_sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
+                          namespace_problem, private_root, python_dirs)
 from eval_screen import RULES, ScreenVerdict, rules_markdown, screen
 
 __all__ = ["Evaluator", "EvalResult", "Options", "STATUSES", "RULES", "ScreenVerdict", "evaluate", "screen",
@@ -107,13 +115,14 @@ class Evaluator:
 
     log_dir: where worker logs go (default: a fresh directory private to this Evaluator), so an error shown
     for a candidate comes only from that candidate's processes. import_dirs: put on every worker's import
-    path (a problem file that imports a module beside it).
+    path (a problem file that imports a module beside it). key_dir: where the key that signs build markers
+    lives (default eval_sandbox.default_key_dir(); hidden from candidates, so never the cache or a parent).
     """
 
     def __init__(self, reference_src: str, *, device: str = "cuda", gpus: list[int] | None = None,
                  rtol: float = 1e-4, atol: float = 1e-4, l2_tol: float = 1e-5, flops: float = 0.0,
                  cache_dir: str | None = None, log_dir: str | None = None, import_dirs: Sequence[str] = (),
-                 **options):
+                 key_dir: str | None = None, **options):
         unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
         if unknown:
             raise TypeError(f"unknown options: {sorted(unknown)}")
@@ -131,9 +140,18 @@ class Evaluator:
         self._code = PrivateCode(self._private)
         # Builder and runner (the processes that run candidate code) start in a namespace where one works.
         problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
-        self._namespace = None if problem else Namespace(
-            read_only=[self._code.dir, self._code.source_dir, *python_dirs(), *self.import_dirs],
-            writable=[self.cache_dir])
+        self._key_dir = os.path.abspath(key_dir or default_key_dir())
+        read_only = [self._code.dir, self._code.source_dir, *python_dirs(), *self.import_dirs]
+        if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
+               for d in [self.cache_dir, self.log_dir, *read_only]):
+            raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
+        self._namespace = None if problem else Namespace(read_only=read_only, writable=[self.cache_dir],
+                                                         hidden=[self._key_dir])
+        # Build markers are signed only where candidates cannot read the key; elsewhere the key is deleted
+        # (this Evaluator's candidates could read or plant it) and only this Evaluator's own builds count.
+        self._seal = None if problem else BuildSeal(self._key_dir)
+        if problem:
+            forget_key(self._key_dir)
         self.isolation = f"none: {problem}" if problem else "pid+mount namespace"
         self._tamper_events, self._tamper_note = 0, ""
         self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
@@ -280,6 +298,8 @@ class Evaluator:
         for pool in (getattr(self, "_spawner", None), getattr(self, "_helpers", None)):
             if pool is not None:
                 pool.shutdown(wait=False)
+        if getattr(self, "_seal", 0) is None:  # a key made meanwhile by another Evaluator was readable here
+            forget_key(self._key_dir)
         private = getattr(self, "_private", None)
         if private and os.path.isdir(private):
             _remove_tree(private, keep=self.log_dir)
@@ -405,12 +425,19 @@ class Evaluator:
             lock = self._build_locks.setdefault(h, threading.Lock())
         with lock:  # identical sources build once, even when submitted concurrently
             if os.path.exists(marker):
-                if library_digest(os.path.dirname(marker)) == self._built.get(h, _read_text(marker)):
+                # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says.
+                trusted = self._built.get(h) or (self._seal.opened(h, _read_text(marker)) if self._seal else "")
+                if trusted and library_digest(os.path.dirname(marker)) == trusted:
                     details["compile_s"] = 0.0
                     details["build_cached"] = True
                     return None
                 # Another candidate's builder or runner rewrote this build's libraries: build it again.
-                details["build_note"] = "the cached build was modified after it was built (tampering); rebuilt"
+                details["build_note"] = (
+                    "the cached build was modified after it was built (tampering); rebuilt" if trusted else
+                    "the cached build's marker has no valid signature (written by an Evaluator without a namespace, "
+                    "with another key, or forged); rebuilt" if self._seal else
+                    "a cached build from another Evaluator is not trusted without a namespace (candidates could "
+                    "forge its marker); rebuilt")
                 shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
             if self._pch_ready is not None:
                 self._pch_ready.result()
@@ -453,10 +480,10 @@ class Evaluator:
             if msg.get("deferred_error"):
                 details["build_note"] = msg["deferred_error"]
             # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
-            # copy serves a later Evaluator (it lies in the writable cache; in memory is what this one trusts).
+            # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
             self._built[h] = library_digest(os.path.dirname(marker))
             with open(marker, "w") as f:
-                f.write(self._built[h])
+                f.write(self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n")
             return None
 
     def _baseline(self, dev: _Device) -> dict:

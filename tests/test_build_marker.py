@@ -1,0 +1,236 @@
+"""Cached builds across Evaluators: a BUILT marker in the writable cache counts only when signed with the key
+candidates cannot read (eval_sandbox.BuildSeal, hidden by the namespace); without a namespace a fresh
+Evaluator trusts no marker it did not write (CPU, CI).
+
+One C++ candidate is built twice (~10-30 s each on 2 cores); the others are pure Python.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eval_sandbox
+import evaluate_kernel as ek
+
+REF = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+
+
+def get_inputs():
+    return [torch.randn(128, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+HONEST_CPP = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="relu_gram_cpp", functions=["relu_gram"], cpp_sources=r"""
+torch::Tensor relu_gram(torch::Tensor x) { return torch::relu(torch::mm(x, x.t())); }
+""")
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return ext.relu_gram(x)
+'''
+# Runs in the cheat's builder and runner: rewrite the honest build's library (still a loadable ELF with a
+# tail) and its marker, with the digest from the worker's own copy of eval_sandbox.library_digest and, if
+# the key can be read, a valid tag. A marker holding only a digest would now vouch for the forged library.
+FORGE = r"""
+import hashlib, hmac, json, os
+import eval_sandbox
+target, key_path, report = TARGET, KEY_PATH, REPORT
+try:
+    with open(key_path, "rb") as f:
+        key = f.read()
+    seen = "read"
+except OSError as e:
+    key, seen = b"", type(e).__name__
+for here, dirs, files in os.walk(target):
+    for name in files:
+        if name.endswith(".so"):
+            with open(os.path.join(here, name), "ab") as f:
+                f.write(b"forged")
+digest = eval_sandbox.library_digest(target)
+tag = hmac.new(key, ("pacevolve-build\0" + SOURCE_HASH + "\0" + digest).encode(), hashlib.sha256).hexdigest()
+with open(os.path.join(target, "BUILT"), "w") as f:
+    f.write(digest + "\n" + tag + "\n")
+with open(report + "-" + os.urandom(6).hex(), "w") as f:
+    json.dump({"key": seen}, f)
+"""
+CHEAT = '''import builtins
+import torch
+import torch.nn as nn
+
+builtins.exec(CODE[::-1])  # reversed: this test is about what lies past the screen
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(torch.mm(x, x.t()))
+'''
+HONEST_PY = CHEAT.replace("builtins.exec(CODE[::-1])  # reversed: this test is about what lies past the screen\n", "")
+NAMESPACE = eval_sandbox.namespace_problem()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("marker")
+
+
+def _evaluator(root: Path, **kw) -> ek.Evaluator:
+    return ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), key_dir=str(root / "keys"),
+                        timing_iters=5, warmup=1, run_timeout_s=60, build_timeout_s=300, **kw)
+
+
+def _build_dir(root: Path, src: str = HONEST_CPP) -> Path:
+    return root / "cache" / "ext" / ek.source_hash(src)[:16]
+
+
+def _cheat(root: Path) -> str:
+    h = ek.source_hash(HONEST_CPP)
+    code = (FORGE.replace("TARGET", repr(str(_build_dir(root))))
+            .replace("KEY_PATH", repr(str(root / "keys" / eval_sandbox.KEY_NAME)))
+            .replace("REPORT", repr(str(root / "cache" / "forge-report"))).replace("SOURCE_HASH", repr(h)))
+    return CHEAT.replace("CODE", repr(code[::-1]))
+
+
+def _libraries(build_dir: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(build_dir.rglob("*.so")))
+
+
+@pytest.mark.skipif(bool(NAMESPACE), reason=f"no namespace here: {NAMESPACE}")
+def test_a_forged_marker_is_not_trusted_and_an_honest_one_is(root):
+    """Another candidate rewrites a built library and its marker (digest recomputed, key hidden from it): a
+    fresh Evaluator rebuilds; a build it then signed is reused by the next fresh Evaluator."""
+    with _evaluator(root) as ev:
+        honest = ev.evaluate(HONEST_CPP)
+        assert honest.status == "ok", honest.message
+        cheat = ev.evaluate(_cheat(root))
+    reports = [json.loads(p.read_text()) for p in (root / "cache").glob("forge-report-*")]
+    assert reports and all(r["key"] != "read" for r in reports), reports  # the key is hidden in the namespace
+    build = _build_dir(root)
+    assert b"forged" in _libraries(build), cheat.message
+    forged_digest = (build / "BUILT").read_text().split()[0]
+    assert forged_digest == eval_sandbox.library_digest(str(build))  # an unsigned digest would vouch for it
+
+    with _evaluator(root) as fresh:
+        again = fresh.evaluate(HONEST_CPP)
+    assert again.status == "ok", again.message
+    assert not again.details.get("build_cached") and "signature" in again.details.get("build_note", "")
+    assert b"forged" not in _libraries(build)
+
+    with _evaluator(root) as later:
+        cached = later.evaluate(HONEST_CPP)
+        assert later.evaluate(HONEST_PY).status == "ok"  # a signed marker for the test below
+    assert cached.status == "ok" and cached.details.get("build_cached"), cached.details
+
+
+def test_without_a_namespace_a_fresh_evaluator_trusts_only_its_own_builds(root):
+    """Even a validly signed marker (where the namespace test ran) is not believed."""
+    marker = _build_dir(root, HONEST_PY) / "BUILT"
+    if marker.exists():
+        seal = eval_sandbox.BuildSeal(str(root / "keys"))
+        assert seal.opened(ek.source_hash(HONEST_PY), marker.read_text())
+    else:  # the namespace test did not run: make a marker first
+        with _evaluator(root, isolate=False) as ev:
+            assert ev.evaluate(HONEST_PY).status == "ok"
+    with _evaluator(root, isolate=False) as fresh:
+        assert not (root / "keys" / eval_sandbox.KEY_NAME).exists()  # deleted: its candidates could read it
+        first = fresh.evaluate(HONEST_PY)
+        second = fresh.evaluate(HONEST_PY)
+    assert first.status == "ok" and not first.details.get("build_cached"), first.details
+    assert "not trusted without a namespace" in first.details.get("build_note", "")
+    assert second.status == "ok" and second.details.get("build_cached")  # its own build, digest in memory
+
+
+# ------------------------------------------------------------------------------------------ the digest
+def test_the_digest_covers_what_ninja_would_relink_from(tmp_path):
+    """An object file replaced (its mtime set back, the library untouched) is relinked by ninja in a runner
+    whose call stamp was changed: both count. Ninja's logs and the parent's files only trigger rebuilds."""
+    ext = tmp_path / "relu_gram_cpp"
+    ext.mkdir()
+    for name in ("main.cpp", "main.o", "relu_gram_cpp.so", "build.ninja", "pacevolve-call.sha256", ".ninja_log",
+                 ".ninja_deps", "lock"):
+        (ext / name).write_bytes(name.encode())
+    (tmp_path / "BUILT").write_text("x")
+    (tmp_path / "build.log").write_text("x")
+    before = eval_sandbox.library_digest(str(tmp_path))
+    for name in (".ninja_log", ".ninja_deps", "lock"):
+        (ext / name).write_bytes(b"changed")
+    (tmp_path / "BUILT").write_text("y")
+    (tmp_path / "build.log").write_text("y")
+    assert eval_sandbox.library_digest(str(tmp_path)) == before
+    for name in ("main.o", "pacevolve-call.sha256", "build.ninja"):
+        original = (ext / name).read_bytes()
+        (ext / name).write_bytes(b"forged")
+        assert eval_sandbox.library_digest(str(tmp_path)) != before, name
+        (ext / name).write_bytes(original)
+    (ext / "evil.o").symlink_to(tmp_path / "elsewhere")
+    assert eval_sandbox.library_digest(str(tmp_path)) != before
+
+
+# ------------------------------------------------------------------------------------------ the seal
+@settings(max_examples=30, deadline=None)
+@given(st.text("0123456789abcdef", min_size=1, max_size=64), st.text("0123456789abcdef", min_size=1, max_size=64),
+       st.text("0123456789abcdef", min_size=1, max_size=64))
+def test_a_seal_vouches_only_for_its_source_and_digest(tmp_path_factory, h, digest, other):
+    seal = eval_sandbox.BuildSeal(str(tmp_path_factory.mktemp("k")))
+    marker = seal.seal(h, digest)
+    assert seal.opened(h, marker) == digest
+    assert seal.opened(h, f"{digest}\n") == ""  # unsigned
+    if other != h:
+        assert seal.opened(other, marker) == ""  # a marker moved from another source's build
+    if other != digest:
+        assert seal.opened(h, marker.replace(digest, other, 1)) == ""
+
+
+def test_the_key_is_private_shared_and_replaced_when_malformed(tmp_path):
+    a = eval_sandbox.BuildSeal(str(tmp_path))
+    path = tmp_path / eval_sandbox.KEY_NAME
+    assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(tmp_path).st_mode & 0o777 == 0o700
+    assert eval_sandbox.BuildSeal(str(tmp_path)).key == a.key  # a resumed run signs with the same key
+    path.write_bytes(b"short")
+    assert len(eval_sandbox.BuildSeal(str(tmp_path)).key) == 32
+    eval_sandbox.forget_key(str(tmp_path))
+    assert not path.exists()
+
+
+@pytest.mark.skipif(bool(NAMESPACE), reason=f"no namespace here: {NAMESPACE}")
+def test_the_namespace_hides_the_key_directory(tmp_path):
+    keys, cache = tmp_path / "keys", tmp_path / "cache"
+    cache.mkdir()
+    eval_sandbox.BuildSeal(str(keys))
+    ns = eval_sandbox.Namespace(read_only=[], writable=[str(cache)], hidden=[str(keys)])
+    r = subprocess.run(ns.wrap(["/bin/sh", "-c", f"cat {keys}/{eval_sandbox.KEY_NAME}; ls -A {keys}; "
+                                                 f"umount {keys} || mount -o remount,rw {keys} || echo kept"]),
+                       capture_output=True, timeout=30)
+    assert r.stdout.decode().split() == ["kept"], (r.stdout, r.stderr)
+
+
+def test_the_key_directory_may_not_hide_the_cache(tmp_path):
+    with pytest.raises(ValueError, match="key_dir"):
+        ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path / "cache"), key_dir=str(tmp_path))
