@@ -353,18 +353,24 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
     (fastest candidate round - fastest reference round) / N is the difference of the calls alone, and the
     reference's runtime (measured beside it) plus that difference is the candidate's cost by this
     process's clock: details["timing"]["host_ms_per_call"]. Its noise is read from the rounds themselves
-    (second fastest less fastest, both sides) plus half the bookkeeping per call. The reference's rounds are capped at twice what they took
-    during the baseline's run, when no candidate process existed: slowing them buys nothing.
+    (second fastest less fastest, both sides) plus half the bookkeeping per call. The reference's rounds
+    are capped at 1 + max_drift times what they took during the baseline's run, when no candidate process
+    existed, as the paired reference is; the runner must sit idle while they run (_quiet).
     """
     n, timing = job["timing"]["host_calls"], details["timing"]
     if job["mode"] == "baseline" or dev.clean_timing is None:
         dev.clean_timing = {"ref_round_s": min(ref_rounds)}
     if job["mode"] == "baseline":
         return
-    cand, ref = sorted(rounds), sorted(min(r, 2.0 * dev.clean_timing["ref_round_s"]) for r in ref_rounds)
-    ref_ms = (details.get("reference_timing") or {}).get("runtime_ms") or (dev.baseline or {}).get("median_ms")
-    if not ref_ms:
+    cap = (1.0 + ev._max_drift()) * dev.clean_timing["ref_round_s"]   # as the paired reference's own cap
+    cand, ref = sorted(rounds), sorted(min(r, cap) for r in ref_rounds)
+    # The reference's runtime: the lower of the paired figure and the start's (a load spike during the
+    # paired blocks that spared the rounds must not raise the estimate; neither figure is the candidate's).
+    figures = [f for f in ((details.get("reference_timing") or {}).get("runtime_ms"),
+                           (dev.baseline or {}).get("median_ms")) if f]
+    if not figures:
         return
+    ref_ms = min(figures)
     noise = sum(x[1] - x[0] for x in (cand, ref) if len(x) > 1) * 1e3 / n
     # The rounds' bookkeeping per call (drawing, digest, copy), from the reference's side: it is the same
     # on both sides only to within a fraction of itself (the candidate's outputs and launches differ), so
@@ -524,6 +530,21 @@ def _steady_sets(ev, dev: _Device) -> int:
 
 def _flush_bytes(ev, dev: _Device) -> int:
     return max(ev.opts.flush_bytes, 2 * int(dev.info.get("l2_bytes") or 0))
+
+
+def paired_speedup(result: EvalResult, start_ms: float, max_drift: float) -> None:
+    """baseline_ms and speedup from the pair measured in this evaluation; the baseline of the start stays
+    for the record (details["baseline_start_ms"]) and the drift between the two says how much the machine
+    moved. A reference slowed while the candidate's process lived (work it left running, say) would
+    inflate the speedup, so the pair counts at most (1 + max_drift) x the start's figure."""
+    paired = result.details.get("reference_timing")
+    result.baseline_ms = paired["runtime_ms"] if paired else start_ms
+    cap = start_ms * (1.0 + max_drift)
+    if result.baseline_ms > cap:
+        result.details["reference_capped_from_ms"], result.baseline_ms = result.baseline_ms, cap
+    result.details["baseline_start_ms"] = start_ms
+    result.details["baseline_drift"] = result.baseline_ms / start_ms - 1.0
+    result.speedup = result.baseline_ms / result.runtime_ms if result.runtime_ms else None
 
 
 def physical_checks(ev, result: EvalResult, dev: _Device) -> None:

@@ -28,11 +28,12 @@ file its user may write. So nothing the parent believes rests on that process's 
   reference's runtime plus the difference of the fastest rounds per call (the rounds' bookkeeping is the
   same on both sides and cancels) is details["timing"]["host_ms_per_call"]. Less the rounds' own noise and
   divided by 1 + host_margin (5% on a GPU, 10% on the CPU) it is a floor under the runtime, so figures the
-  runner forges lower its runtime by at most that. The reference's rounds are capped at twice their time
-  during the baseline's run (no candidate process alive then), and the runner's CPU time over all rounds
-  (/proc, all threads and processes) must fit the cores allowed (eval_run._cpu_check), so slowing the
-  reference's rounds buys nothing. Event samples must also fit in the event phase's wall time and, on a
-  GPU, lie within host_ratio of the host figure;
+  runner forges lower its runtime by at most that. The runner's CPU time (/proc, all its threads and
+  processes) must fit the cores allowed over its own rounds (eval_run._cpu_check) and be near zero while
+  the reference is timed (eval_run._quiet); the reference's rounds and paired figure count at most
+  1 + max_drift times their values at the start (10% on a GPU, 2x on the CPU), so slowing the reference
+  buys little. Event samples must also fit in the event phase's wall time and, on a GPU, lie within
+  host_ratio of the host figure;
 * the speedup's other side: the reference is timed by the reference worker, in blocks between the
   candidate's blocks (same device, same core, same minutes), so a change in the machine's load moves
   both; the baseline measured at start is kept as details["baseline_start_ms"];
@@ -214,18 +215,7 @@ class Evaluator:
             with self._state_lock:
                 dev.pending -= 1
         if result.status == "ok":
-            # The speedup comes from the pair measured in this evaluation; the baseline of the run's start
-            # stays for the record, and the drift between the two says how much the machine moved.
-            paired = result.details.get("reference_timing")
-            result.baseline_ms = paired["runtime_ms"] if paired else baseline["median_ms"]
-            # A reference slowed while the candidate's process lived (GPU work it left running, say) would
-            # inflate the speedup: the pair counts up to max_drift above the baseline measured at start.
-            cap = baseline["median_ms"] * (1.0 + self._max_drift())
-            if result.baseline_ms > cap:
-                result.details["reference_capped_from_ms"], result.baseline_ms = result.baseline_ms, cap
-            result.details["baseline_start_ms"] = baseline["median_ms"]
-            result.details["baseline_drift"] = result.baseline_ms / baseline["median_ms"] - 1.0
-            result.speedup = result.baseline_ms / result.runtime_ms if result.runtime_ms else None
+            eval_run.paired_speedup(result, baseline["median_ms"], self._max_drift())
             eval_run.physical_checks(self, result, dev)
         if "tampering" in details.get("build_note", ""):
             result.message = "; ".join(m for m in (details["build_note"], result.message) if m)

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in stages that each fit one 10-minute device call.
 # Usage: bash scripts/gpu_suite.sh OUTDIR [STAGE ...]     (default: all stages, in this order)
-#   tests   the GPU tests (test_gpu_golden, test_evaluate -m gpu, test_cheats -m gpu side by side) and
-#           scripts/timing_check.py                                              (~6-8 min on one H200)
+#   tests   the GPU tests (test_gpu_golden, test_evaluate -m gpu, test_cheats -m gpu side by side), then
+#           test_gpu_small_calls alone and scripts/timing_check.py               (~8-9 min on one H200)
 #   bench   scripts/bench_eval.py: cost per candidate, repeatability, agreement, candidates per hour
+#   agree   scripts/bench_agreement.py: the three runtime figures against independent timers (small calls)
 #   build   scripts/build_cost.py: whole builds under the four build option sets, nvcc's phases
 #   multi   on a machine with 2+ GPUs: the 2-GPU test and bench_eval's throughput rounds
 # Results: OUTDIR/*.log and *.md.
 set -u
 OUT=${1:-${OUT:-runs/gpu_suite}}
 shift || true
-STAGES=${*:-tests bench build multi}
+STAGES=${*:-tests bench agree build multi}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PACEVOLVE_GOLDEN_OUT="$OUT/gpu_golden.md"
 nvidia-smi -L
@@ -26,11 +27,19 @@ for stage in $STAGES; do
       done
       wait
       for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_background; do echo "== $f"; tail -15 "$OUT/$f.log"; done
+      # Alone: its steady-state figures are timed on the host clock, which the builds above would disturb.
+      timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_small_calls.py > "$OUT/test_gpu_small_calls.log" 2>&1
+      echo "== test_gpu_small_calls"; tail -15 "$OUT/test_gpu_small_calls.log"
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_build_marker.py > "$OUT/test_build_marker.log" 2>&1
+      echo "== test_build_marker (namespace with the hidden key)"; tail -5 "$OUT/test_build_marker.log"
       timeout 180 python3 scripts/timing_check.py --protocols-s 20 --config default > "$OUT/timing_check.md" 2>&1
       cat "$OUT/timing_check.md" ;;
     bench)
       timeout 560 python3 scripts/bench_eval.py --out "$OUT/bench_eval.md" --k 6 --budget-s 330 > "$OUT/bench.log" 2>&1
       tail -30 "$OUT/bench.log" ;;
+    agree)
+      timeout 400 python3 scripts/bench_agreement.py --out "$OUT/agreement.md" > "$OUT/agreement.log" 2>&1
+      tail -45 "$OUT/agreement.log" ;;
     build)
       timeout 560 python3 scripts/build_cost.py > "$OUT/build_cost.md" 2>&1
       cat "$OUT/build_cost.md" ;;

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eval_run
-from eval_common import Options
+from eval_common import EvalResult, Options
 
 samples = st.lists(st.floats(0.001, 100.0), min_size=1, max_size=60)
 
@@ -40,7 +40,8 @@ def test_kernelbench_figure_is_the_median_of_the_samples_without_lead():
 
 
 def _ev(device: str, margin=None):
-    return types.SimpleNamespace(device=device, opts=Options(host_margin=margin))
+    return types.SimpleNamespace(device=device, opts=Options(host_margin=margin),
+                                 _max_drift=lambda: 0.10 if device == "cuda" else 1.0)
 
 
 def _timing(runtime: float, host_ms: float, noise: float = 0.0) -> dict:
@@ -97,15 +98,32 @@ def test_half_the_rounds_bookkeeping_counts_as_noise():
 
 
 def test_slowed_reference_rounds_are_capped_by_the_clean_ones():
-    # Reference rounds made 5x slower during the candidate's run count as twice the baseline-time ones.
+    # Reference rounds made 5x slower during the candidate's run count as 1.1x the baseline-time ones on a
+    # GPU (max_drift), as the paired reference itself does.
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
     job = {"mode": "candidate", "timing": {"host_calls": 10}}
     eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.010], [0.050], details)
-    assert math.isclose(details["timing"]["host_ms_per_call"], 1.0 + (0.010 - 0.020) * 1e3 / 10)
+    assert math.isclose(details["timing"]["host_ms_per_call"], 1.0 + (0.010 - 0.011) * 1e3 / 10)
 
 
 def test_an_honest_figure_within_the_margin_is_its_own():
     # Host rounds 3% above the events (bookkeeping noise, clocks in short bursts): the events stand.
     t = _timing(1.50, 1.545)
     assert eval_run._bounded_runtime(_ev("cuda"), t) == 1.50 and "runner_runtime_ms" not in t
+
+
+@given(st.floats(0.01, 10.0), st.floats(0.01, 10.0), st.floats(0.01, 10.0), st.floats(0.0, 1.0))
+def test_speedup_comes_from_the_pair_capped_by_the_start(paired, start, runtime, drift):
+    r = EvalResult("ok", correct=True, runtime_ms=runtime, details={"reference_timing": {"runtime_ms": paired}})
+    eval_run.paired_speedup(r, start, drift)
+    assert math.isclose(r.baseline_ms, min(paired, start * (1 + drift)))
+    assert math.isclose(r.speedup, r.baseline_ms / runtime)
+    assert math.isclose(r.details["baseline_drift"], r.baseline_ms / start - 1)
+    assert ("reference_capped_from_ms" in r.details) == (paired > start * (1 + drift))
+
+
+def test_without_a_pair_the_start_baseline_counts():
+    r = EvalResult("ok", correct=True, runtime_ms=2.0, details={})
+    eval_run.paired_speedup(r, 4.0, 0.1)
+    assert r.baseline_ms == 4.0 and r.speedup == 2.0 and r.details["baseline_drift"] == 0.0
