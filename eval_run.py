@@ -271,6 +271,10 @@ def _paired_figures(ev, blocks: list[dict]) -> dict:
     figures = runtime_figures(merged["samples"], merged["plain_samples"], merged["steady_ms"], ev.device == "cuda")
     # Block by block (each between two of the candidate's): how much the machine moved while it was timed.
     figures["blocks_ms"] = [_quantile(sorted(b["samples"]), 0.5) for b in blocks]
+    figures["samples_ms"] = merged["samples"]
+    # What the reference costs when the machine is quiet, as the fastest host rounds see it: on a GPU its
+    # runtime; on a loaded CPU the 10th percentile of its calls (the median is the typical, loaded call).
+    figures["quiet_ms"] = figures["runtime_ms"] if ev.device == "cuda" else _quantile(sorted(merged["samples"]), 0.1)
     return figures
 
 
@@ -364,10 +368,11 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
         return
     cap = (1.0 + ev._max_drift()) * dev.clean_timing["ref_round_s"]   # as the paired reference's own cap
     cand, ref = sorted(rounds), sorted(min(r, cap) for r in ref_rounds)
-    # The reference's runtime: the lower of the paired figure and the start's (a load spike during the
-    # paired blocks that spared the rounds must not raise the estimate; neither figure is the candidate's).
-    figures = [f for f in ((details.get("reference_timing") or {}).get("runtime_ms"),
-                           (dev.baseline or {}).get("median_ms")) if f]
+    # The reference's runtime in the fastest rounds' regime: the lowest of its quiet figure, the paired
+    # runtime and the start's (a load spike during the paired blocks that spared the rounds must not
+    # raise the estimate; none of these figures is the candidate's to move down).
+    paired = details.get("reference_timing") or {}
+    figures = [f for f in (paired.get("quiet_ms"), paired.get("runtime_ms"), (dev.baseline or {}).get("median_ms")) if f]
     if not figures:
         return
     ref_ms = min(figures)

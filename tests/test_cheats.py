@@ -538,13 +538,12 @@ def test_honest_candidate_passes_cpu(spec: Spec, cpu_evaluators):
 def test_honest_fast_kernel_is_really_faster(cpu_evaluators):
     """A legitimately much faster kernel must be reported faster (flagged at most), not clamped or rejected.
 
-    Its events read ~10x, but on the CPU the runtime is now the parent-clocked host rounds' figure, whose
-    per-call bookkeeping (fresh inputs, digests) is only partly taken off for calls this small: it read
-    1.5-2.3x on a 2-core machine. The bound asks that it still reads clearly faster than the reference."""
+    It reads 5.7-6.2x on a loaded 2-core machine (the host floor, set by difference with the reference's
+    own rounds, does not clamp it)."""
     spec = load_spec(HONEST / "fast_vs_loop.py")
     result = cpu_evaluators(spec.reference).evaluate(spec.source)
     assert result.status == "ok", _describe(result)
-    assert result.speedup > 1.2, _describe(result)
+    assert result.speedup > 3.0, _describe(result)
 
 
 _LEAK_RUNNER = r"""
