@@ -190,10 +190,10 @@ class Options:
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
-    steady_ms: float = 20.0  # (c): each back-to-back pass lasts about this long ...
+    steady_ms: float = 10.0  # (c): each back-to-back pass lasts about this long ...
     steady_passes: int = 3  # ... the best of these counts (after one warm-up pass) ...
     steady_sets: int = 4  # ... cycling through this many input sets
-    steady_min_calls: int = 10
+    steady_min_calls: int = 5
     steady_max_calls: int = 2000
     paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
     timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them
@@ -219,6 +219,12 @@ class Options:
     poison_bytes: int = 1 << 30
     peak_bytes_per_s: float | None = None
     peak_flops: float | None = None
+
+    def __post_init__(self):
+        for name in ("trials", "timing_iters", "timing_blocks", "host_calls", "host_rounds", "steady_passes",
+                     "steady_sets", "steady_min_calls", "cpu_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Options.{name} must be at least 1, not {getattr(self, name)}")
 
 def _quantile(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:

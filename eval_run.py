@@ -133,11 +133,23 @@ def _drive(ev, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
                                              "(infinite loop or deadlock?)", details=details)
     except (EOFError, OSError):
         return EvalResult("runtime_error", message=f"{w.death()}. Log tail: {w.log_tail(400)}", details=details)
+    except RuntimeError as e:
+        # The reference worker failed while this candidate's process lived (its outputs file rewritten
+        # under it, the GPU's memory held, ...): that candidate's result, never an exception that would
+        # stop a whole search. The reference's own run (the baseline) still raises.
+        if job["mode"] != "candidate":
+            raise
+        return EvalResult("runtime_error", message=f"the reference worker could not do its part while this "
+                          f"candidate's process was alive: {e}", details=details)
     msg, calls = timed
     t = mark("timing", t)
     details["time_s"] = round(time.monotonic() - t0, 3)
     if job["mode"] == "candidate":
-        bad = _verify_shipped(ev, dev, calls, msg["path"], details)
+        try:
+            bad = _verify_shipped(ev, dev, calls, msg["path"], details)
+        except RuntimeError as e:
+            bad = EvalResult("runtime_error", message=f"the reference worker could not verify the timed outputs "
+                             f"while this candidate's process was alive: {e}", details=details)
         mark("verify", t)
         if bad is not None:
             return bad
@@ -175,46 +187,52 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
         return _forged(details, "the runner reported digests for another number of calls than it was asked to run")
     if paired:
         ref_blocks.append(_quiet(w, busy, lambda: _reference_block(ev, dev, job, last=True)))
-    host_sets = max(2, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
+    # Never an input set twice in a round (a cache keyed on contents or pointers would answer the repeat):
+    # as many calls as distinct sets fit in host_bytes, at least one.
+    calls = max(1, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
+    t["round_calls"] = calls
     rounds, ref_rounds, round_msgs, walls = [], [], [], []
     rng = secrets.SystemRandom()
-    cpu_before = cpu_seconds(w)
+    round_cpu = 0.0
     dev.ref_call({"cmd": "pin", "cpus": job.get("cpus")})
     try:
         for r in range(ev.opts.host_rounds):  # the fastest round counts: load only ever slows a round
             # Which call of the previous round will be verified, chosen after its digests arrived: the
             # runner keeps that output and lets the others go, so no round waits on fresh allocations.
             chosen = [r - 1, round_msgs[-1][2]] if round_msgs else None
-            go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": host_sets, "chosen": chosen}
+            go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": calls, "calls": calls,
+                  "chosen": chosen}
+            cpu = cpu_seconds(w)
             started = time.monotonic()
             w.send(go)
             msg = recv()
             walls.append(time.monotonic() - started)
+            round_cpu += cpu_seconds(w) - cpu
             if msg["kind"] != "round":
                 return _failure(msg, details)
-            if len(msg.get("digests", [])) != t["host_calls"]:
+            if len(msg.get("digests", [])) != calls:
                 return _forged(details, "a host round reported digests for another number of calls than it ran")
-            round_msgs.append((go, msg, rng.randrange(t["host_calls"])))
-            ref_rounds.append(_quiet(w, busy, lambda: _reference_round(dev, t, host_sets)))
+            round_msgs.append((go, msg, rng.randrange(calls)))
+            ref_rounds.append(_quiet(w, busy, lambda: _reference_round(dev, t, calls)))
     finally:
         dev.ref_call({"cmd": "pin", "cpus": None})
     rounds = walls
-    too_busy = _cpu_check(ev, cpu_seconds(w) - cpu_before - busy[0], sum(walls), details)
+    too_busy = _cpu_check(ev, round_cpu, sum(walls), details)
     if too_busy is not None:
         return too_busy
-    if busy[0] > 0.1 * busy[1] + CPU_SLACK_S:
+    if busy[0] > 0.1 * busy[1] + CPU_SLACK_S or cpu_seconds(w) < busy[0]:
         return EvalResult("rejected", message=f"rejected: the candidate's processes used {busy[0]:.3f} s of CPU time "
                           f"during the {busy[1]:.3f} s its reference was being timed (they should be idle then): work "
                           "that slows the reference inflates the speedup", details=details)
     # Chosen now, after every output they may name was committed to.
-    calls = [{"key": ["t", i], "spec": {"seed": call_seed(seed, i), "dist": "own"}, "digest": timed["digests"][i]}
-             for i in sorted(rng.sample(range(t["iters"]), min(ev.opts.verify_calls, t["iters"])))]
+    revealed = [{"key": ["t", i], "spec": {"seed": call_seed(seed, i), "dist": "own"}, "digest": timed["digests"][i]}
+                for i in sorted(rng.sample(range(t["iters"]), min(ev.opts.verify_calls, t["iters"])))]
     for go, msg, i in round_msgs:
-        calls.append({"key": ["h", go["round"], i], "digest": msg["digests"][i],
-                      "spec": {"seed": go["seed"], "dist": "own", "set_index": i % go["sets"]}})
+        revealed.append({"key": ["h", go["round"], i], "digest": msg["digests"][i],
+                         "spec": {"seed": go["seed"], "dist": "own", "set_index": i % go["sets"]}})
     if job["mode"] != "candidate":
-        calls = []
-    w.send({"cmd": "reveal", "calls": [{"key": c["key"], "spec": c["spec"]} for c in calls]})
+        revealed = []
+    w.send({"cmd": "reveal", "calls": [{"key": c["key"], "spec": c["spec"]} for c in revealed]})
     shipped = recv()
     if shipped["kind"] != "shipped":
         return _failure(shipped, details)
@@ -229,7 +247,7 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     if paired:
         details["reference_timing"] = _paired_figures(ev, ref_blocks)
     _host_rounds_details(ev, dev, job, rounds, ref_rounds, details)
-    return shipped, calls
+    return shipped, revealed
 
 
 def _quiet(w: _Worker, busy: list, measure):
@@ -242,10 +260,10 @@ def _quiet(w: _Worker, busy: list, measure):
     return out
 
 
-def _reference_round(dev: _Device, t: dict, host_sets: int) -> float:
+def _reference_round(dev: _Device, t: dict, calls: int) -> float:
     """The same host round on the reference, in the reference worker, timed by this process's clock."""
-    msg = {"cmd": "round", "seed": secrets.randbits(31), "sets": host_sets,
-           "timing": {"host_calls": t["host_calls"], "on_device": t["on_device"]}}
+    msg = {"cmd": "round", "seed": secrets.randbits(31), "sets": calls, "calls": calls,
+           "timing": {"host_calls": calls, "on_device": t["on_device"]}}
     started = time.monotonic()
     reply = dev.ref_call(msg)
     wall = time.monotonic() - started
@@ -259,7 +277,7 @@ def _reference_block(ev, dev: _Device, job: dict, first: bool = False, last: boo
     core: the first warms up as a runner does, the last also runs the steady phase."""
     t = job["timing"]
     block = dict(t, iters=max(8, t["iters"] // (2 * t["blocks"])), steady_passes=t["steady_passes"] if last else 0,
-                 warmup_ms=t["warmup_ms"] if first else min(t["warmup_ms"], 10.0))
+                 warmup_ms=min(t["warmup_ms"], 30.0 if first else 10.0))  # the GPU is warm: the trials just ran
     reply = dev.ref_call({"cmd": "time", "seed": secrets.randbits(31), "cpus": job.get("cpus"), "timing": block})
     if reply.get("kind") != "ref_timed":
         raise RuntimeError(f"reference worker error: {reply.get('error')}")
@@ -298,16 +316,19 @@ def runtime_figures(samples: list[float], plain: list[float], steady: list[float
 
 def cpu_seconds(w: _Worker) -> float:
     """CPU time (user + system, every thread, and waited-for children) of the runner and every process
-    it started, read from /proc by us: the runner cannot report a smaller figure."""
-    total = 0.0
+    it started, read from /proc by us: the runner cannot report a smaller figure. Monotone: a process
+    once seen keeps its last reading after it is gone (a child reaped without a wait, SIGCHLD ignored,
+    takes its time with it from its parent's counters)."""
+    seen = w.__dict__.setdefault("cpu_seen", {})
     for pid in find_processes({w.main_pid()}, w.mark):
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-            total += sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS
+            key = (pid, fields[19])   # with its start time: a pid reused later is another process
+            seen[key] = max(seen.get(key, 0.0), sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS)
         except (OSError, IndexError, ValueError):
             pass
-    return total
+    return sum(seen.values())
 
 
 def _cpu_check(ev, cpu_s: float, wall_s: float, details: dict) -> EvalResult | None:
@@ -333,7 +354,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def _timing_details(ev, msg: dict, rounds: list, event_wall_ms: float, t: dict, details: dict) -> None:
     samples = sorted(msg["samples"])
     iqr = _quantile(samples, 0.75) - _quantile(samples, 0.25)
-    raw_ms = min(rounds) * 1e3 / t["host_calls"] if rounds else None
+    raw_ms = min(rounds) * 1e3 / t["round_calls"] if rounds else None
     tail = _quantile(sorted(msg.get("tails") or []), 0.5)
     figures = runtime_figures(msg["samples"], msg.get("plain_samples") or [], msg.get("steady_ms") or [],
                               ev.device == "cuda")
@@ -356,12 +377,12 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
     worker, on the same core: drawing the inputs, the digests and the copies cost the same in both, so
     (fastest candidate round - fastest reference round) / N is the difference of the calls alone, and the
     reference's runtime (measured beside it) plus that difference is the candidate's cost by this
-    process's clock: details["timing"]["host_ms_per_call"]. Its noise is read from the rounds themselves
-    (second fastest less fastest, both sides) plus half the bookkeeping per call. The reference's rounds
+    process's clock: details["timing"]["host_ms_per_call"]. Its noise is read from the reference's rounds
+    (twice their second fastest less fastest) plus half the bookkeeping per call. The reference's rounds
     are capped at 1 + max_drift times what they took during the baseline's run, when no candidate process
     existed, as the paired reference is; the runner must sit idle while they run (_quiet).
     """
-    n, timing = job["timing"]["host_calls"], details["timing"]
+    n, timing = job["timing"]["round_calls"], details["timing"]
     if job["mode"] == "baseline" or dev.clean_timing is None:
         dev.clean_timing = {"ref_round_s": min(ref_rounds)}
     if job["mode"] == "baseline":
@@ -376,13 +397,18 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
     if not figures:
         return
     ref_ms = min(figures)
-    noise = sum(x[1] - x[0] for x in (cand, ref) if len(x) > 1) * 1e3 / n
+    # The rounds' spread, read from the reference's side only (twice, for both sides): the candidate's own
+    # rounds could be made to spread (a sleep costs no CPU time) and so lower the floor.
+    noise = 2 * (ref[1] - ref[0]) * 1e3 / n if len(ref) > 1 else 0.0
     # The rounds' bookkeeping per call (drawing, digest, copy), from the reference's side: it is the same
     # on both sides only to within a fraction of itself (the candidate's outputs and launches differ), so
     # half of it counts as noise too; calls much cheaper than it get a loose bound (README says so).
     bookkeeping = max(0.0, ref[0] * 1e3 / n - ref_ms)
     timing["reference_rounds_ms"] = [r * 1e3 for r in ref_rounds]
     timing["host_ms_per_call"] = ref_ms + (cand[0] - ref[0]) * 1e3 / n
+    # Without the cap: what the mismatch check rejects on (a machine slower than at the start must not
+    # turn an honest candidate into a "timing mismatch"; the floor still uses the capped figure).
+    timing["host_ms_uncapped"] = ref_ms + (cand[0] - min(ref_rounds)) * 1e3 / n
     timing["host_bookkeeping_ms"] = bookkeeping
     timing["host_noise_ms"] = noise + 0.5 * bookkeeping
 
@@ -405,6 +431,7 @@ def _verdict(ev, job: dict, details: dict) -> EvalResult:
                            f"the {timing['event_phase_wall_ms']:.3f} ms that passed")
         tail, plain = timing["device_tail_ms"], timing["plain_median_ms"]
         host_ms, noise = _host_figure(ev, timing)
+        host_ms = timing.get("host_ms_uncapped", host_ms)
         margin = ev.opts.host_slack_ms + noise
         if tail is not None and tail > ev.opts.tail_ms:
             return EvalResult("rejected", message=f"rejected: the GPU was still busy {tail:.4f} ms (median) after "

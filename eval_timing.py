@@ -229,9 +229,9 @@ def host_round(model, ref_ns: dict, msg: dict, t: dict, device, weights: dict, k
 
     The reference worker runs the very same steps on the reference, between the runner's rounds, so the
     parent can take the rounds' own bookkeeping off by difference (eval_run._host_floor)."""
-    n = t["host_calls"]
-    # Distinct contents for every call while they fit in host_bytes (the parent sets how many: a cache
-    # keyed on contents or pointers then has nothing to find); beyond that, calls cycle through them.
+    n = msg.get("calls", t["host_calls"])
+    # Distinct contents for every call (the parent asks for as many calls as sets fit in host_bytes): a
+    # cache keyed on contents or pointers has nothing to find.
     sets = _draw_sets(ref_ns, msg["seed"], min(n, msg["sets"]), device, t["on_device"])
     digests = []
     for i in range(n):

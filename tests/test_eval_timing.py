@@ -6,6 +6,8 @@ import math
 import statistics
 import types
 
+import pytest
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -76,13 +78,14 @@ def test_the_baseline_has_no_floor():
 def test_host_estimate_is_the_reference_plus_the_difference_of_the_fastest_rounds():
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
-    job = {"mode": "candidate", "timing": {"host_calls": 10}}
+    job = {"mode": "candidate", "timing": {"round_calls": 10}}
     # Candidate rounds 6, 6.1, 7 ms; the reference's 10, 10.2, 11 ms (1 ms per call, of which 0 ms is
     # bookkeeping: the reference runs 1.0 ms): the candidate's calls are 0.4 ms cheaper each, so it costs
-    # 0.6 ms by the parent's clock, give or take the rounds' spread.
+    # 0.6 ms by the parent's clock, give or take twice the reference rounds' spread (the candidate's own
+    # spread is its to inflate, so it does not count).
     eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.0061, 0.006, 0.007], [0.010, 0.0102, 0.011], details)
     t = details["timing"]
-    assert math.isclose(t["host_ms_per_call"], 0.6) and math.isclose(t["host_noise_ms"], (0.0001 + 0.0002) * 1e3 / 10)
+    assert math.isclose(t["host_ms_per_call"], 0.6) and math.isclose(t["host_noise_ms"], 2 * 0.0002 * 1e3 / 10)
     assert t["host_bookkeeping_ms"] == 0.0
 
 
@@ -90,7 +93,7 @@ def test_half_the_rounds_bookkeeping_counts_as_noise():
     # The reference runs 0.01 ms but its rounds take 0.07 ms per call: 0.06 ms of drawing and digests.
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.0007}, baseline={"median_ms": 0.01})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 0.01}}
-    job = {"mode": "candidate", "timing": {"host_calls": 10}}
+    job = {"mode": "candidate", "timing": {"round_calls": 10}}
     eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.0009], [0.0007], details)
     t = details["timing"]
     assert math.isclose(t["host_bookkeeping_ms"], 0.06) and math.isclose(t["host_noise_ms"], 0.03)
@@ -102,7 +105,7 @@ def test_slowed_reference_rounds_are_capped_by_the_clean_ones():
     # GPU (max_drift), as the paired reference itself does.
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
-    job = {"mode": "candidate", "timing": {"host_calls": 10}}
+    job = {"mode": "candidate", "timing": {"round_calls": 10}}
     eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.010], [0.050], details)
     assert math.isclose(details["timing"]["host_ms_per_call"], 1.0 + (0.010 - 0.011) * 1e3 / 10)
 
@@ -127,3 +130,20 @@ def test_without_a_pair_the_start_baseline_counts():
     r = EvalResult("ok", correct=True, runtime_ms=2.0, details={})
     eval_run.paired_speedup(r, 4.0, 0.1)
     assert r.baseline_ms == 4.0 and r.speedup == 2.0 and r.details["baseline_drift"] == 0.0
+
+
+def test_the_mismatch_check_sees_the_uncapped_estimate():
+    # Reference rounds slower than at the start (a busier host): the floor uses the capped rounds, the
+    # mismatch check the measured ones, so an honest candidate is never called a cheat for it.
+    dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
+    details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
+    job = {"mode": "candidate", "timing": {"round_calls": 10}}
+    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.030], [0.030], details)
+    t = details["timing"]
+    assert math.isclose(t["host_ms_uncapped"], 1.0) and t["host_ms_per_call"] > t["host_ms_uncapped"]
+
+
+@pytest.mark.parametrize("name", ["host_rounds", "timing_iters", "timing_blocks", "host_calls", "steady_passes"])
+def test_options_that_would_leave_nothing_to_measure_are_refused(name):
+    with pytest.raises(ValueError, match=name):
+        Options(**{name: 0})
