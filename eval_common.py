@@ -175,7 +175,7 @@ class Options:
     build_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
     warmup: int = 5
-    warmup_ms: float = 100.0  # and at least this much warm-up work (GPU clocks ramp up)
+    warmup_ms: float = 50.0  # and at least this much warm-up work (GPU clocks ramp up; the trials ran just before)
     warm_runners: bool = True  # start runner processes ahead of need (torch imported, CUDA up)
     spare_runners: int = 3  # per device, when the runner has a core of its own (else 1)
     prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials (0: off)
@@ -186,14 +186,14 @@ class Options:
     verify_calls: int = 3  # timed calls whose outputs are checked against the reference (chosen afterwards),
     # besides one call of every host round
     host_calls: int = 10  # calls back to back per host round, each on inputs of its own ...
-    host_rounds: int = 5
+    host_rounds: int = 4
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
-    steady_ms: float = 10.0  # (c): each back-to-back pass lasts about this long ...
-    steady_passes: int = 3  # ... the best of these counts (after one warm-up pass) ...
+    steady_ms: float = 10.0  # (c): a run of n calls and one of 2n last about this long together ...
+    steady_passes: int = 2  # ... the best of these many pairs counts (after a warm-up run) ...
     steady_sets: int = 4  # ... cycling through this many input sets
-    steady_min_calls: int = 5
+    steady_min_calls: int = 4
     steady_max_calls: int = 2000
     paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
     timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them

@@ -276,7 +276,7 @@ def _reference_block(ev, dev: _Device, job: dict, first: bool = False, last: boo
     """One block of the reference's paired measurement, timed by the reference worker on the runner's
     core: the first warms up as a runner does, the last also runs the steady phase."""
     t = job["timing"]
-    block = dict(t, iters=max(8, t["iters"] // (2 * t["blocks"])), steady_passes=t["steady_passes"] if last else 0,
+    block = dict(t, iters=max(8, t["iters"] // (3 * t["blocks"])), steady_passes=t["steady_passes"] if last else 0,
                  warmup_ms=min(t["warmup_ms"], 30.0 if first else 10.0))  # the GPU is warm: the trials just ran
     reply = dev.ref_call({"cmd": "time", "seed": secrets.randbits(31), "cpus": job.get("cpus"), "timing": block})
     if reply.get("kind") != "ref_timed":
@@ -378,7 +378,7 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
     (fastest candidate round - fastest reference round) / N is the difference of the calls alone, and the
     reference's runtime (measured beside it) plus that difference is the candidate's cost by this
     process's clock: details["timing"]["host_ms_per_call"]. Its noise is read from the reference's rounds
-    (twice their second fastest less fastest) plus half the bookkeeping per call. The reference's rounds
+    (twice their second fastest less fastest) plus a quarter of the bookkeeping per call. The reference's rounds
     are capped at 1 + max_drift times what they took during the baseline's run, when no candidate process
     existed, as the paired reference is; the runner must sit idle while they run (_quiet).
     """
@@ -401,8 +401,8 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
     # rounds could be made to spread (a sleep costs no CPU time) and so lower the floor.
     noise = 2 * (ref[1] - ref[0]) * 1e3 / n if len(ref) > 1 else 0.0
     # The rounds' bookkeeping per call (drawing, digest, copy), from the reference's side: it is the same
-    # on both sides only to within a fraction of itself (the candidate's outputs and launches differ), so
-    # half of it counts as noise too; calls much cheaper than it get a loose bound (README says so).
+    # on both sides only to within a fraction of itself (the two processes' allocators and caches differ),
+    # so a quarter of it counts as noise too; calls much cheaper than it get a loose bound (README says so).
     bookkeeping = max(0.0, ref[0] * 1e3 / n - ref_ms)
     timing["reference_rounds_ms"] = [r * 1e3 for r in ref_rounds]
     timing["host_ms_per_call"] = ref_ms + (cand[0] - ref[0]) * 1e3 / n
@@ -410,7 +410,7 @@ def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: 
     # turn an honest candidate into a "timing mismatch"; the floor still uses the capped figure).
     timing["host_ms_uncapped"] = ref_ms + (cand[0] - min(ref_rounds)) * 1e3 / n
     timing["host_bookkeeping_ms"] = bookkeeping
-    timing["host_noise_ms"] = noise + 0.5 * bookkeeping
+    timing["host_noise_ms"] = noise + 0.25 * bookkeeping
 
 
 def _host_figure(ev, timing: dict) -> tuple[float | None, float]:

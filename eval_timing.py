@@ -182,24 +182,31 @@ def event_phase(model, ref_ns: dict, seed: int, t: dict, device, hold, commit, t
 
 
 def steady_phase(model, ref_ns: dict, seed: int, t: dict, device, phase: dict) -> list[float]:
-    """(c): per-call host time of calls back to back, one synchronise per pass; one figure per pass.
+    """(c): per-call host time of calls back to back; one figure per pass.
 
     A few input sets, drawn before the passes and cycled (as a model serving a stream of requests sees
-    them); each pass lasts about steady_ms, so the synchronise and the clock's resolution are a small part
-    of it. The first pass is a warm-up: the host's caches and the allocator settle."""
+    them). Each figure is a difference: n calls then 2n calls, each run ending in one synchronise, and
+    (time of 2n - time of n) / n, so what a run costs once (the first launch reaching an idle GPU, the
+    synchronise, the clock's own reading) cancels: with a few milliseconds per run it otherwise added 1%
+    to a 1.5 ms call. A first run of n calls is a warm-up (the host's caches, the allocator)."""
     sets = _draw_sets(ref_ns, seed ^ 0x3C3C3C3C, t["steady_sets"], device, t["on_device"])
     samples = sorted(phase["samples"])
     per_call = samples[len(samples) // 2] if samples else 1.0
-    n = int(min(t["steady_max_calls"], max(t["steady_min_calls"], t["steady_ms"] / max(per_call, 1e-3))))
-    out = []
-    for p in range(t["steady_passes"] + 1):
+    n = int(min(t["steady_max_calls"], max(t["steady_min_calls"], t["steady_ms"] / 2 / max(per_call, 1e-3))))
+
+    def run(calls: int) -> float:
         _sync(device)
         t0 = time.perf_counter()
-        for i in range(n):
+        for i in range(calls):
             model(*sets[i % len(sets)])
         _sync(device)
-        if p:
-            out.append((time.perf_counter() - t0) * 1e3 / n)
+        return (time.perf_counter() - t0) * 1e3
+
+    run(n)
+    out = []
+    for _ in range(t["steady_passes"]):
+        short = run(n)
+        out.append(max(0.0, run(2 * n) - short) / n)
     return out
 
 

@@ -26,7 +26,7 @@ file its user may write. So nothing the parent believes rests on that process's 
   bracketed by this process's own "go" and the round's digests, which cannot be sent before the work
   exists) alternate with the same rounds on the reference in the reference worker, on the same core; the
   reference's runtime plus the difference of the fastest rounds per call (the rounds' bookkeeping is the
-  same on both sides and cancels) is details["timing"]["host_ms_per_call"]. Less the rounds' own noise and
+  same on both sides and cancels) is details["timing"]["host_ms_per_call"]. Less the rounds' noise and
   divided by 1 + host_margin (5% on a GPU, 10% on the CPU) it is a floor under the runtime, so figures the
   runner forges lower its runtime by at most that. The runner's CPU time (/proc, all its threads and
   processes) must fit the cores allowed over its own rounds (eval_run._cpu_check) and be near zero while

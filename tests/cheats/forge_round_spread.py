@@ -6,11 +6,14 @@ How it cheats: the kernel is honest, but it replaces the clock the runner's timi
 first also sleeps 60 ms (which costs no CPU time): if the floor's noise allowance were read from the
 candidate's own rounds, second-fastest minus fastest would swallow the whole estimate.
 Seen: second red-team pass on this evaluator (the paired-reference timing).
-Expected outcome: "ok" at the honest speed (the floor's noise comes from the reference's rounds only).
+Expected outcome: "ok" near the honest speed: the floor's noise comes from the reference's rounds
+only, so what the forged clock gains is the floor's margin and noise (10% plus the reference rounds'
+spread and a quarter of their bookkeeping per call on the CPU: it read 1.3-1.8x the honest speed on an
+idle 2-core machine, where the rounds' bookkeeping is a third of this call; 10x without the floor).
 
 REFERENCE: gn
 EXPECT: honest-timing
-HONEST_FRACTION: 0.6
+HONEST_FRACTION: 0.5
 DEVICES: cpu
 """
 import sys
