@@ -285,3 +285,22 @@ def test_help_explains_every_option():
                  "--beta", "--eps-rel", "--freeze", "--alpha", "--k-idea", "--k-hyp",
                  "--token-budget"):
         assert flag in proc.stdout
+
+
+def test_score_is_s0_over_the_paired_speedup():
+    """A candidate's score is its runtime at the run's reference conditions: s_0 / the speedup measured
+    against the reference timed beside it, so a machine that got busier since the start moves nothing."""
+    import types
+    import run as run_module
+    search = types.SimpleNamespace(s0=2.0)
+    busier = {"status": "ok", "runtime_ms": 1.5, "speedup": 2.0}   # everything 50% slower than at the start
+    assert run_module.Search.score(search, busier) == 1.0
+    assert run_module.Search.score(search, {"status": "ok", "runtime_ms": 1.5}) == 1.5   # no pair: its runtime
+    assert run_module.Search.score(search, {"status": "incorrect", "runtime_ms": None}) is None
+
+
+def test_report_states_the_reference_drift():
+    import report
+    assert report.drift_summary([]) == ""
+    text = report.drift_summary([0.01, -0.02, 0.05])
+    assert "median +1.0%" in text and "from -2.0% to +5.0%" in text and "3 evaluations" in text
