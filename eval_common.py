@@ -197,6 +197,8 @@ class Options:
     steady_max_calls: int = 2000
     paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
     timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them
+    gpu_busy_ms: float = 1.0  # a trivial kernel of the reference worker's waiting longer: the GPU was busy
+    # with the candidate's leftover work while its reference was timed (rejected)
     max_drift: float | None = None  # the paired reference counts up to this much above the start's baseline
     # (None: 0.10 on a GPU, 1.0 on the CPU)
     host_margin: float | None = None  # the runtime is at least the host rounds' figure / (1 + this) (None:

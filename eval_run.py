@@ -133,6 +133,8 @@ def _drive(ev, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
                                              "(infinite loop or deadlock?)", details=details)
     except (EOFError, OSError):
         return EvalResult("runtime_error", message=f"{w.death()}. Log tail: {w.log_tail(400)}", details=details)
+    except CandidateFault as e:
+        return EvalResult("rejected", message=str(e), details=details)
     except RuntimeError as e:
         # The reference worker failed while this candidate's process lived (its outputs file rewritten
         # under it, the GPU's memory held, ...): that candidate's result, never an exception that would
@@ -269,6 +271,7 @@ def _reference_round(dev: _Device, t: dict, calls: int) -> float:
     wall = time.monotonic() - started
     if reply.get("kind") != "round":
         raise RuntimeError(f"reference worker error: {reply.get('error')}")
+    _check_gpu_idle(dev.ev, reply)
     return wall
 
 
@@ -281,7 +284,23 @@ def _reference_block(ev, dev: _Device, job: dict, first: bool = False, last: boo
     reply = dev.ref_call({"cmd": "time", "seed": secrets.randbits(31), "cpus": job.get("cpus"), "timing": block})
     if reply.get("kind") != "ref_timed":
         raise RuntimeError(f"reference worker error: {reply.get('error')}")
+    _check_gpu_idle(ev, reply)
     return reply
+
+
+def _check_gpu_idle(ev, reply: dict) -> None:
+    """The reference worker found the GPU busy before or after timing the reference: work the candidate's
+    process left running (a side stream the runner never waited for) slows the reference and inflates the
+    speedup. Raised as CandidateFault, which the conversation turns into this candidate's rejection."""
+    busy = reply.get("gpu_busy_ms") or 0.0
+    if busy > ev.opts.gpu_busy_ms:
+        raise CandidateFault(f"rejected: the GPU was busy for {busy:.2f} ms with work left running by the "
+                             "candidate's process while its reference was being timed (work on a stream the "
+                             "call never waited for)")
+
+
+class CandidateFault(Exception):
+    """Found while the reference was being timed, and the candidate's doing: its rejection."""
 
 
 def _paired_figures(ev, blocks: list[dict]) -> dict:

@@ -237,10 +237,11 @@ def _role_ref(job: dict, send, recv) -> None:
             if req.get("cmd") == "time":
                 reply = _ref_time(req, ref_ns, models, device, hold)
             elif req.get("cmd") == "round":  # the reference's host round, between two of the runner's
+                busy_ms = _gpu_busy_ms(device)
                 with torch.no_grad():
                     digests = host_round(_timing_model(ref_ns, models, device), ref_ns, req, req["timing"], device,
                                          digest_weights, lambda i, out: [o.clone() for o in out])
-                send({"kind": "round", "digests": digests})  # at once: the parent's clock is running
+                send({"kind": "round", "digests": digests, "gpu_busy_ms": busy_ms})  # at once: the clock runs
                 continue
             elif req.get("cmd") == "pin":  # onto the runner's cores for its rounds (null: back to ours)
                 _pin_all_threads(req.get("cpus") or own_cpus)
@@ -274,11 +275,28 @@ def _ref_time(req: dict, ref_ns: dict, models: dict, device, hold) -> dict:
     if req.get("cpus"):
         _pin_all_threads(req["cpus"])
     try:
+        busy_ms = _gpu_busy_ms(device)
         phase = time_reference(_timing_model(ref_ns, models, device), ref_ns, req["seed"], req["timing"], device, hold)
+        busy_ms = max(busy_ms, _gpu_busy_ms(device))
     finally:
         if own:
             _pin_all_threads(own)
-    return {"kind": "ref_timed", **phase}
+    return {"kind": "ref_timed", "gpu_busy_ms": busy_ms, **phase}
+
+
+def _gpu_busy_ms(device) -> float:
+    """How long a trivial kernel of ours takes to run from an idle stream: tens of microseconds, unless
+    another process (the runner, whose host side sits idle now) left work running on the GPU, which the
+    GPU then serves first or time-slices with ours. The parent rejects a candidate whose work was found
+    running while its reference was being timed."""
+    import torch
+    if device.type != "cuda":
+        return 0.0
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(100)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def _timing_model(ref_ns: dict, models: dict, device):
