@@ -190,10 +190,10 @@ class Options:
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
-    steady_ms: float = 10.0  # (c): a run of n calls and one of 2n last about this long together ...
-    steady_passes: int = 2  # ... the best of these many pairs counts (after a warm-up run) ...
+    steady_ms: float = 20.0  # (c): each back-to-back pass lasts about this long ...
+    steady_passes: int = 2  # ... the best of these counts (after one warm-up pass) ...
     steady_sets: int = 4  # ... cycling through this many input sets
-    steady_min_calls: int = 4
+    steady_min_calls: int = 10
     steady_max_calls: int = 2000
     paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
     timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them

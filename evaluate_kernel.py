@@ -36,7 +36,9 @@ file its user may write. So nothing the parent believes rests on that process's 
   host_ratio of the host figure;
 * the speedup's other side: the reference is timed by the reference worker, in blocks between the
   candidate's blocks (same device, same core, same minutes), so a change in the machine's load moves
-  both; the baseline measured at start is kept as details["baseline_start_ms"];
+  both; a block around which the GPU was found busy (a trivial kernel of the reference worker's waited
+  longer than gpu_busy_ms: work left on a side stream) does not count; the baseline measured at start is
+  kept as details["baseline_start_ms"];
 * code: workers start with `python -I -B` from a private copy of this code (eval_sandbox.PrivateCode),
   whose whole tree is hash-checked before every worker starts and after every build and run; a change or
   an extra name there, or a change to the original files, rejects the candidate whose process was running

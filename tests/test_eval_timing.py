@@ -31,9 +31,11 @@ def test_runtime_is_the_slower_of_gpu_time_and_steady_state(a, b, c):
 
 
 @given(samples, st.lists(st.floats(0.001, 100.0), max_size=4))
-def test_on_the_cpu_the_runtime_is_the_median_per_call(a, c):
+def test_on_the_cpu_the_runtime_is_a_low_percentile_per_call(a, c):
     f = eval_run.runtime_figures(a, [], c, gpu=False)
-    assert f["runtime_ms"] == f["gpu_ms"] == f["kernelbench_ms"] and math.isclose(f["gpu_ms"], statistics.median(a))
+    assert f["runtime_ms"] == f["gpu_ms"] == f["kernelbench_ms"]
+    assert math.isclose(f["gpu_ms"], statistics.quantiles(a, n=10, method="inclusive")[0]) if len(a) > 1 else \
+        f["gpu_ms"] == a[0]
 
 
 def test_kernelbench_figure_is_the_median_of_the_samples_without_lead():

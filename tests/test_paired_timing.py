@@ -2,8 +2,10 @@
 
 A busy process started by the test loads one core for the whole measurement, as another user's job would;
 one Evaluator evaluates the same honest candidate five times. Each evaluation times the reference in
-blocks between the candidate's, so both see the same load, and the speedups agree within 5% (a baseline
-measured once at the start moved them by 2-4x on this kind of machine).
+blocks between the candidate's, so both see the same load: the speedups agreed within 4.7% in two runs
+of five on the 2-core machine while the reference itself moved from +27% to -15% of its start figure (a
+baseline measured once moved speedups by 2-4x there). The bound here is 10%: each evaluation runs in a
+fresh process, and processes differ by up to 5% on these machines, whatever the pairing does.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def test_paired_speedup_is_steady_under_load(tmp_path):
     speedups = [r.speedup for r in results]
     drifts = [r.details["baseline_drift"] for r in results]
     print(f"\nspeedups {[round(s, 4) for s in speedups]}, drift from the start {[f'{d:+.1%}' for d in drifts]}")
-    assert max(speedups) / min(speedups) - 1 <= 0.05, speedups
+    assert max(speedups) / min(speedups) - 1 <= 0.10, speedups
     for r in results:   # the pair is what the speedup is made of, and both sides are on record
         assert r.baseline_ms == pytest.approx(r.details["reference_timing"]["runtime_ms"])
         assert r.details["baseline_start_ms"] > 0 and len(r.details["reference_timing"]["blocks_ms"]) == 5

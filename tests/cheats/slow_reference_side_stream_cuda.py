@@ -5,12 +5,13 @@ reference beside it, it leaves ~60 ms of memory copies queued on a stream of its
 the timing code's between-blocks hook, found in sys.modules). Its process sits idle meanwhile, no timed
 call of its own shows a tail, and the reference, sharing the GPU, reads slower: the speedup grows.
 Seen: second red-team pass on this evaluator (on paper; the paired reference).
-Expected outcome: "rejected": the reference worker runs a trivial kernel before and after each of its
-blocks and finds the GPU busy.
+Expected outcome: "ok" at the honest speed and the honest speedup: the reference worker runs a trivial
+kernel before and after each of its blocks and rounds, finds the GPU busy, and leaves those blocks out
+(details["reference_timing"]["blocks_dropped_busy_gpu"]; with none left, the start's baseline counts).
+A busy GPU is not proof of cheating (another user of the GPU does the same), so nothing is rejected.
 
 REFERENCE: gn_cuda
-EXPECT: rejected
-RULE: busy
+EXPECT: honest-timing
 """
 import sys
 
