@@ -15,7 +15,6 @@ the whole boundary.
 """
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import shutil
@@ -24,7 +23,8 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 
-from eval_common import _DISTS, _PEAKS, EvalResult, _quantile, call_seed
+import eval_figures
+from eval_common import _DISTS, _PEAKS, EvalResult, call_seed
 from eval_device import _Device, _FileLock, _NullCtx
 from eval_protocol import _Worker
 from eval_sandbox import find_processes
@@ -159,9 +159,9 @@ def _drive(ev, w: _Worker, job: dict, dev: _Device, specs: list, details: dict,
 def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: float, details: dict):
     """"time" -> "timed"; host_rounds x ("go" -> "round"); "reveal" -> "shipped"; "done". Every clock
     reading here is this process's own. A candidate's timing is paired: the reference worker times the
-    reference in one block just before and one just after the candidate's event and steady phases, on
-    the same device and core, so both see the same machine. Returns (shipped message, revealed calls)
-    or a failed EvalResult."""
+    reference in a block before, between and after the candidate's blocks of event calls, on the same
+    device and core, so both see the same machine; after each of the candidate's host rounds it runs
+    the same round on the reference. Returns (shipped message, revealed calls) or a failed EvalResult."""
     t = job["timing"]
     paired = job["mode"] == "candidate" and ev.opts.paired_reference
     busy = [0.0, 0.0]  # the runner's CPU seconds, and the wall seconds, while the reference was timed
@@ -220,7 +220,7 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     too_busy = _cpu_check(ev, round_cpu, sum(walls), details)
     if too_busy is not None:
         return too_busy
-    if busy[0] > 0.1 * busy[1] + CPU_SLACK_S or cpu_seconds(w) < busy[0]:
+    if busy[0] > 0.1 * busy[1] + CPU_SLACK_S:
         return EvalResult("rejected", message=f"rejected: the candidate's processes used {busy[0]:.3f} s of CPU time "
                           f"during the {busy[1]:.3f} s its reference was being timed (they should be idle then): work "
                           "that slows the reference inflates the speedup", details=details)
@@ -243,10 +243,10 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     # The protocol is fixed: after "done", nothing. Extra messages mean someone else used the channel.
     if _drain(w, deadline):
         return _forged(details, "the result channel carried messages the harness did not send")
-    _timing_details(ev, timed, rounds, event_wall_ms, t, details)
-    if paired and (figures := _paired_figures(ev, ref_blocks)) is not None:
+    eval_figures.timing_details(ev, timed, rounds, event_wall_ms, t, details)
+    if paired and (figures := eval_figures.paired_figures(ev, ref_blocks)) is not None:
         details["reference_timing"] = figures
-    _host_rounds_details(ev, dev, job, rounds, ref_rounds, details)
+    eval_figures.host_rounds_details(ev, dev, job, rounds, ref_rounds, details)
     return shipped, revealed
 
 
@@ -295,45 +295,6 @@ def _gpu_was_busy(ev, reply: dict) -> bool:
     return (reply.get("gpu_busy_ms") or 0.0) > ev.opts.gpu_busy_ms
 
 
-def _paired_figures(ev, blocks: list[dict]) -> dict | None:
-    """The reference's figures from its blocks, leaving out those the GPU was found busy around (None
-    when that leaves nothing: the start's baseline then counts)."""
-    dropped = sum(1 for b in blocks if b.get("busy"))
-    blocks = [b for b in blocks if not b.get("busy")]
-    if not blocks or not any(b.get("samples") for b in blocks):
-        return None
-    merged = {k: [v for b in blocks for v in b.get(k) or []] for k in ("samples", "plain_samples", "steady_ms")}
-    figures = runtime_figures(merged["samples"], merged["plain_samples"], merged["steady_ms"], ev.device == "cuda")
-    # Block by block (each between two of the candidate's): how much the machine moved while it was timed.
-    figures["blocks_ms"] = [_quantile(sorted(b["samples"]), 0.5) for b in blocks]
-    figures["samples_ms"] = merged["samples"]
-    figures["blocks_dropped_busy_gpu"] = dropped
-    # What the reference costs when the machine is quiet, as the fastest host rounds see it: on a GPU its
-    # runtime; on a loaded CPU the 10th percentile of its calls (the median is the typical, loaded call).
-    figures["quiet_ms"] = figures["runtime_ms"] if ev.device == "cuda" else _quantile(sorted(merged["samples"]), 0.1)
-    return figures
-
-
-def runtime_figures(samples: list[float], plain: list[float], steady: list[float], gpu: bool = True) -> dict:
-    """The three figures of a callable and the runtime the search optimises (README: "What the number means").
-
-    gpu_ms (a): median of the event samples with the lead (on the CPU: the 10th percentile of per-call
-    host samples); kernelbench_ms (b): median of the samples taken without a lead (KernelBench's
-    protocol; (a) where there are none); steady_ms (c): per-call time of back-to-back calls, best pass.
-    On a GPU the runtime is max(a, c): a call costs whichever side is slower, the GPU doing its work or
-    the host issuing it. On the CPU both are the host's time per call and (a) is the runtime: a 20 ms
-    pass is often cut by the scheduler on a loaded machine, a single call rarely, and load only ever adds
-    time, so a low percentile is what a call costs when it runs undisturbed (the median moved 2x more
-    than the 10th percentile across evaluations beside a busy process).
-    """
-    a = _quantile(sorted(samples), 0.5 if gpu else 0.1)
-    b = _quantile(sorted(plain), 0.5) if plain else a
-    c = min(steady) if steady else float("nan")
-    runtime = max(a, c) if gpu and not math.isnan(c) else a
-    return {"gpu_ms": a, "kernelbench_ms": b, "steady_ms": None if math.isnan(c) else c, "runtime_ms": runtime,
-            "bound": "steady state (host)" if runtime > a else ("gpu" if gpu else "host, per call")}
-
-
 def cpu_seconds(w: _Worker) -> float:
     """CPU time (user + system, every thread, and waited-for children) of the runner and every process
     it started, read from /proc by us: the runner cannot report a smaller figure. Monotone: a process
@@ -371,78 +332,9 @@ CPU_SLACK_S = 0.05  # /proc counts in clock ticks (10 ms), per thread and proces
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _timing_details(ev, msg: dict, rounds: list, event_wall_ms: float, t: dict, details: dict) -> None:
-    samples = sorted(msg["samples"])
-    iqr = _quantile(samples, 0.75) - _quantile(samples, 0.25)
-    raw_ms = min(rounds) * 1e3 / t["round_calls"] if rounds else None
-    tail = _quantile(sorted(msg.get("tails") or []), 0.5)
-    figures = runtime_figures(msg["samples"], msg.get("plain_samples") or [], msg.get("steady_ms") or [],
-                              ev.device == "cuda")
-    details["timing"] = {**figures, "samples_ms": msg["samples"], "median_ms": figures["gpu_ms"], "iqr_ms": iqr,
-                         "spread": iqr / figures["gpu_ms"] if figures["gpu_ms"] else None,
-                         "steady_passes_ms": msg.get("steady_ms") or [],
-                         "batch_wall_ms_per_call": raw_ms, "event_phase_wall_ms": event_wall_ms,
-                         "rounds_ms": [r * 1e3 for r in rounds],
-                         "samples_sum_ms": sum(msg["samples"]) + sum(msg.get("plain_samples") or []),
-                         "plain_samples_ms": msg.get("plain_samples", []), "plain_median_ms": figures["kernelbench_ms"],
-                         "device_tail_ms": None if math.isnan(tail) else tail, "tails_ms": msg.get("tails", []),
-                         "lead_ms": msg.get("lead_ms", 0.0), "io_bytes": msg.get("io_bytes", 0),
-                         "peak_bytes": msg.get("peak_bytes")}
-
-
-def _host_rounds_details(ev, dev: _Device, job: dict, rounds: list, ref_rounds: list, details: dict) -> None:
-    """The parent's own estimate of the candidate's cost per call, by difference with the reference.
-
-    Each of the runner's host rounds is followed by the same round on the reference in the reference
-    worker, on the same core: drawing the inputs, the digests and the copies cost the same in both, so
-    (fastest candidate round - fastest reference round) / N is the difference of the calls alone, and the
-    reference's runtime (measured beside it) plus that difference is the candidate's cost by this
-    process's clock: details["timing"]["host_ms_per_call"]. Its noise is read from the reference's rounds
-    (twice their second fastest less fastest) plus a quarter of the bookkeeping per call. The reference's rounds
-    are capped at 1 + max_drift times what they took during the baseline's run, when no candidate process
-    existed, as the paired reference is; the runner must sit idle while they run (_quiet).
-    """
-    n, timing = job["timing"]["round_calls"], details["timing"]
-    if job["mode"] == "baseline" or dev.clean_timing is None:
-        dev.clean_timing = {"ref_round_s": min(ref_rounds)}
-    if job["mode"] == "baseline":
-        return
-    cap = (1.0 + ev._max_drift()) * dev.clean_timing["ref_round_s"]   # as the paired reference's own cap
-    cand, ref = sorted(rounds), sorted(min(r, cap) for r in ref_rounds)
-    # The reference's runtime in the fastest rounds' regime: the lowest of its quiet figure, the paired
-    # runtime and the start's (a load spike during the paired blocks that spared the rounds must not
-    # raise the estimate; none of these figures is the candidate's to move down).
-    paired = details.get("reference_timing") or {}
-    figures = [f for f in (paired.get("quiet_ms"), paired.get("runtime_ms"), (dev.baseline or {}).get("median_ms")) if f]
-    if not figures:
-        return
-    ref_ms = min(figures)
-    # The rounds' spread, read from the reference's side only (twice, for both sides): the candidate's own
-    # rounds could be made to spread (a sleep costs no CPU time) and so lower the floor.
-    noise = 2 * (ref[1] - ref[0]) * 1e3 / n if len(ref) > 1 else 0.0
-    # The rounds' bookkeeping per call (drawing, digest, copy), from the reference's side: it is the same
-    # on both sides only to within a fraction of itself (the two processes' allocators and caches differ),
-    # so a quarter of it counts as noise too; calls much cheaper than it get a loose bound (README says so).
-    bookkeeping = max(0.0, ref[0] * 1e3 / n - ref_ms)
-    timing["reference_rounds_ms"] = [r * 1e3 for r in ref_rounds]
-    timing["host_ms_per_call"] = ref_ms + (cand[0] - ref[0]) * 1e3 / n
-    # Without the cap: what the mismatch check rejects on (a machine slower than at the start must not
-    # turn an honest candidate into a "timing mismatch"; the floor still uses the capped figure).
-    timing["host_ms_uncapped"] = ref_ms + (cand[0] - min(ref_rounds)) * 1e3 / n
-    timing["host_bookkeeping_ms"] = bookkeeping
-    timing["host_noise_ms"] = noise + 0.25 * bookkeeping
-
-
-def _host_figure(ev, timing: dict) -> tuple[float | None, float]:
-    """The parent's estimate of the candidate's cost per call and its noise (None where there is none:
-    the baseline, whose code is the reference's own)."""
-    host_ms = timing.get("host_ms_per_call")
-    return (None, 0.0) if host_ms is None else (host_ms, timing.get("host_noise_ms", 0.0))
-
-
 def _verdict(ev, job: dict, details: dict) -> EvalResult:
     timing = details["timing"]
-    runtime = _bounded_runtime(ev, timing)
+    runtime = eval_figures.bounded_runtime(ev, timing)
     if job["mode"] == "candidate":
         if details["flags"]:
             return EvalResult("rejected", message="rejected: " + "; ".join(details["flags"][:3]), details=details)
@@ -450,7 +342,7 @@ def _verdict(ev, job: dict, details: dict) -> EvalResult:
             return _forged(details, f"the reported timings add up to {timing['samples_sum_ms']:.3f} ms, more than "
                            f"the {timing['event_phase_wall_ms']:.3f} ms that passed")
         tail, plain = timing["device_tail_ms"], timing["plain_median_ms"]
-        host_ms, noise = _host_figure(ev, timing)
+        host_ms, noise = eval_figures.host_figure(ev, timing)
         host_ms = timing.get("host_ms_uncapped", host_ms)
         margin = ev.opts.host_slack_ms + noise
         if tail is not None and tail > ev.opts.tail_ms:
@@ -465,28 +357,6 @@ def _verdict(ev, job: dict, details: dict) -> EvalResult:
                               f"the host clock {host_ms:.4f} ms; work is escaping the timed window",
                               details=details)
     return EvalResult("ok", correct=True, runtime_ms=runtime, details=details)
-
-
-def _bounded_runtime(ev, timing: dict) -> float:
-    """The runtime, never below the parent's own estimate less its noise and a margin: the runner's
-    figures (max(a, c)) where they agree with it, else (host estimate - noise) / (1 + host_margin).
-
-    The margin covers what still differs honestly between back-to-back rounds and the runner's phases
-    (GPU clocks in short bursts, inputs drawn in the rounds), so an honest candidate's figure is its own
-    and five evaluations repeat to 0.1%, while figures the runner forges lower its runtime by at most the
-    margin plus the rounds' measured noise."""
-    host_ms, noise = _host_figure(ev, timing)
-    runtime = timing["runtime_ms"]
-    if host_ms is None:
-        return runtime
-    margin = ev.opts.host_margin if ev.opts.host_margin is not None else (0.05 if ev.device == "cuda" else 0.10)
-    floor = max(0.0, host_ms - noise) / (1.0 + margin)
-    timing["host_floor_ms"] = floor
-    if floor > runtime:
-        timing["runner_runtime_ms"], timing["runtime_ms"] = runtime, floor
-        timing["bound"] = "host clock (the runner's figures read lower)"
-        return floor
-    return runtime
 
 
 def _forged(details: dict, what: str) -> EvalResult:
@@ -582,21 +452,6 @@ def _steady_sets(ev, dev: _Device) -> int:
 
 def _flush_bytes(ev, dev: _Device) -> int:
     return max(ev.opts.flush_bytes, 2 * int(dev.info.get("l2_bytes") or 0))
-
-
-def paired_speedup(result: EvalResult, start_ms: float, max_drift: float) -> None:
-    """baseline_ms and speedup from the pair measured in this evaluation; the baseline of the start stays
-    for the record (details["baseline_start_ms"]) and the drift between the two says how much the machine
-    moved. A reference slowed while the candidate's process lived (work it left running, say) would
-    inflate the speedup, so the pair counts at most (1 + max_drift) x the start's figure."""
-    paired = result.details.get("reference_timing")
-    result.baseline_ms = paired["runtime_ms"] if paired else start_ms
-    cap = start_ms * (1.0 + max_drift)
-    if result.baseline_ms > cap:
-        result.details["reference_capped_from_ms"], result.baseline_ms = result.baseline_ms, cap
-    result.details["baseline_start_ms"] = start_ms
-    result.details["baseline_drift"] = result.baseline_ms / start_ms - 1.0
-    result.speedup = result.baseline_ms / result.runtime_ms if result.runtime_ms else None
 
 
 def physical_checks(ev, result: EvalResult, dev: _Device) -> None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
 CODE_FILES = ("evaluate_kernel.py", "eval_build.py", "eval_common.py", "eval_device.py", "eval_inputs.py",
-              "eval_protocol.py", "eval_run.py", "eval_sandbox.py", "eval_screen.py", "eval_timing.py",
+              "eval_figures.py", "eval_protocol.py", "eval_run.py", "eval_sandbox.py", "eval_screen.py", "eval_timing.py",
               "eval_worker.py", "light_headers.py", "fast_nvcc.py")
 
 

@@ -5,7 +5,7 @@ own (evaluate_kernel.py's docstring says what bounds them from outside); this mo
 measurements honest. The reference worker runs the same loops on the reference, so a candidate and the
 reference it is compared with are measured the same way, in the same window (eval_run.py pairs them).
 
-Three figures per callable, computed by the parent (eval_run.runtime_figures) from the samples here:
+Three figures per callable, computed by the parent (eval_figures.runtime_figures) from the samples here:
   (a) GPU time: KernelBench's protocol (L2 flush, start event, the call, end event on its stream) with a
       lead (_GpuHold) so the host's launch latency is hidden: what the call costs the GPU;
   (b) KernelBench's current protocol as published (every fourth call of the event phase, without a lead);
@@ -231,7 +231,7 @@ def host_round(model, ref_ns: dict, msg: dict, t: dict, device, weights: dict, k
     """N calls back to back on inputs drawn from msg's seed, a digest and a copy of each output, one sync.
 
     The reference worker runs the very same steps on the reference, between the runner's rounds, so the
-    parent can take the rounds' own bookkeeping off by difference (eval_run._host_floor)."""
+    parent can take the rounds' own bookkeeping off by difference (eval_figures.host_rounds_details)."""
     n = msg.get("calls", t["host_calls"])
     # Distinct contents for every call (the parent asks for as many calls as sets fit in host_bytes): a
     # cache keyed on contents or pointers has nothing to find.

@@ -62,7 +62,7 @@ a namespace, a process that both clears its environment and leaves its worker's 
 the runner can signal the reference worker (its death then rejects the candidate), and a marker key made
 by a namespaced Evaluator while this one runs is readable by its candidates until it closes.
 
-Runtime (eval_timing.py measures, eval_run.runtime_figures decides): (a) GPU time, KernelBench's protocol
+Runtime (eval_timing.py measures, eval_figures.runtime_figures decides): (a) GPU time, KernelBench's protocol
 (synchronise, L2 flush, start event, the call, end event on its stream) with a lead (eval_timing._GpuHold:
 every SM's warp slots held for lead_ms before the start event) that hides the host's launch latency;
 (b) KernelBench's protocol as published, for the record; (c) the steady-state cost of back-to-back calls
@@ -72,7 +72,7 @@ profiler proof that custom kernels ran, clock locking, precision policies other 
 Files, by role (no import cycles): eval_common (leaf: results, options, comparison, digest), eval_screen
 (leaf), eval_protocol (the message table; the parent's handle on a worker), eval_sandbox (private code,
 process sweep), eval_build / eval_inputs / eval_timing / eval_worker (worker side, eval_worker is the
-script), eval_device and eval_run (parent side), and this file (Evaluator, evaluate). "Hack N" in comments
+script), eval_device, eval_run and eval_figures (parent side), and this file (Evaluator, evaluate). "Hack N" in comments
 refers to the catalogue in tests/cheats/README.md.
 """
 from __future__ import annotations
@@ -90,6 +90,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import eval_figures
 import eval_run
 from eval_build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
 from eval_common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
@@ -217,7 +218,7 @@ class Evaluator:
             with self._state_lock:
                 dev.pending -= 1
         if result.status == "ok":
-            eval_run.paired_speedup(result, baseline["median_ms"], self._max_drift())
+            eval_figures.paired_speedup(result, baseline["median_ms"], self._max_drift())
             eval_run.physical_checks(self, result, dev)
         if "tampering" in details.get("build_note", ""):
             result.message = "; ".join(m for m in (details["build_note"], result.message) if m)

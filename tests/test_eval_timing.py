@@ -1,5 +1,5 @@
-"""The runtime's definition (eval_run.runtime_figures) and its bound by the parent's clock
-(eval_run._bounded_runtime): pure functions over the samples, tested without workers."""
+"""The runtime's definition (eval_figures.runtime_figures) and its bound by the parent's clock
+(eval_figures.bounded_runtime): pure functions over the samples, tested without workers."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import eval_run
+import eval_figures
 from eval_common import EvalResult, Options
 
 samples = st.lists(st.floats(0.001, 100.0), min_size=1, max_size=60)
@@ -19,7 +19,7 @@ samples = st.lists(st.floats(0.001, 100.0), min_size=1, max_size=60)
 
 @given(samples, st.lists(st.floats(0.001, 100.0), max_size=20), st.lists(st.floats(0.001, 100.0), max_size=4))
 def test_runtime_is_the_slower_of_gpu_time_and_steady_state(a, b, c):
-    f = eval_run.runtime_figures(a, b, c)
+    f = eval_figures.runtime_figures(a, b, c)
     assert math.isclose(f["gpu_ms"], statistics.median(a))
     assert math.isclose(f["kernelbench_ms"], statistics.median(b or a))
     if c:
@@ -32,14 +32,14 @@ def test_runtime_is_the_slower_of_gpu_time_and_steady_state(a, b, c):
 
 @given(samples, st.lists(st.floats(0.001, 100.0), max_size=4))
 def test_on_the_cpu_the_runtime_is_a_low_percentile_per_call(a, c):
-    f = eval_run.runtime_figures(a, [], c, gpu=False)
+    f = eval_figures.runtime_figures(a, [], c, gpu=False)
     assert f["runtime_ms"] == f["gpu_ms"] == f["kernelbench_ms"]
     assert math.isclose(f["gpu_ms"], statistics.quantiles(a, n=10, method="inclusive")[0]) if len(a) > 1 else \
         f["gpu_ms"] == a[0]
 
 
 def test_kernelbench_figure_is_the_median_of_the_samples_without_lead():
-    f = eval_run.runtime_figures([1.0, 1.0, 1.0], [2.0, 5.0, 3.0], [0.5])
+    f = eval_figures.runtime_figures([1.0, 1.0, 1.0], [2.0, 5.0, 3.0], [0.5])
     assert f["kernelbench_ms"] == 3.0 and f["runtime_ms"] == 1.0 and f["bound"] == "gpu"
 
 
@@ -55,7 +55,7 @@ def _timing(runtime: float, host_ms: float, noise: float = 0.0) -> dict:
 @given(st.floats(0.001, 50.0), st.floats(0.001, 50.0), st.floats(0.0, 5.0), st.sampled_from(["cuda", "cpu"]))
 def test_runtime_never_below_the_host_figure_less_noise_and_margin(runtime, host_ms, noise, device):
     t = _timing(runtime, host_ms, noise)
-    got = eval_run._bounded_runtime(_ev(device), t)
+    got = eval_figures.bounded_runtime(_ev(device), t)
     margin = 0.05 if device == "cuda" else 0.10
     floor = max(host_ms - noise, 0.0) / (1 + margin)
     assert got >= runtime and math.isclose(got, max(runtime, floor), rel_tol=1e-12, abs_tol=1e-12)
@@ -67,14 +67,14 @@ def test_runtime_never_below_the_host_figure_less_noise_and_margin(runtime, host
 def test_forged_samples_gain_at_most_the_margin():
     # A runner claiming 10x faster than the parent's clock saw: the runtime is the host figure / 1.05.
     t = _timing(0.1, 1.0)
-    assert math.isclose(eval_run._bounded_runtime(_ev("cuda"), t), 1.0 / 1.05)
+    assert math.isclose(eval_figures.bounded_runtime(_ev("cuda"), t), 1.0 / 1.05)
     t = _timing(0.1, 1.0)
-    assert math.isclose(eval_run._bounded_runtime(_ev("cpu", margin=0.0), t), 1.0)
+    assert math.isclose(eval_figures.bounded_runtime(_ev("cpu", margin=0.0), t), 1.0)
 
 
 def test_the_baseline_has_no_floor():
     t = {"runtime_ms": 0.5}   # no host estimate: the reference's own code, nothing to bound
-    assert eval_run._bounded_runtime(_ev("cuda"), t) == 0.5
+    assert eval_figures.bounded_runtime(_ev("cuda"), t) == 0.5
 
 
 def test_host_estimate_is_the_reference_plus_the_difference_of_the_fastest_rounds():
@@ -85,7 +85,7 @@ def test_host_estimate_is_the_reference_plus_the_difference_of_the_fastest_round
     # bookkeeping: the reference runs 1.0 ms): the candidate's calls are 0.4 ms cheaper each, so it costs
     # 0.6 ms by the parent's clock, give or take twice the reference rounds' spread (the candidate's own
     # spread is its to inflate, so it does not count).
-    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.0061, 0.006, 0.007], [0.010, 0.0102, 0.011], details)
+    eval_figures.host_rounds_details(_ev("cuda"), dev, job, [0.0061, 0.006, 0.007], [0.010, 0.0102, 0.011], details)
     t = details["timing"]
     assert math.isclose(t["host_ms_per_call"], 0.6) and math.isclose(t["host_noise_ms"], 2 * 0.0002 * 1e3 / 10)
     assert t["host_bookkeeping_ms"] == 0.0
@@ -96,7 +96,7 @@ def test_a_quarter_of_the_rounds_bookkeeping_counts_as_noise():
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.0007}, baseline={"median_ms": 0.01})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 0.01}}
     job = {"mode": "candidate", "timing": {"round_calls": 10}}
-    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.0009], [0.0007], details)
+    eval_figures.host_rounds_details(_ev("cuda"), dev, job, [0.0009], [0.0007], details)
     t = details["timing"]
     assert math.isclose(t["host_bookkeeping_ms"], 0.06) and math.isclose(t["host_noise_ms"], 0.015)
     assert math.isclose(t["host_ms_per_call"], 0.03)
@@ -108,20 +108,20 @@ def test_slowed_reference_rounds_are_capped_by_the_clean_ones():
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
     job = {"mode": "candidate", "timing": {"round_calls": 10}}
-    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.010], [0.050], details)
+    eval_figures.host_rounds_details(_ev("cuda"), dev, job, [0.010], [0.050], details)
     assert math.isclose(details["timing"]["host_ms_per_call"], 1.0 + (0.010 - 0.011) * 1e3 / 10)
 
 
 def test_an_honest_figure_within_the_margin_is_its_own():
     # Host rounds 3% above the events (bookkeeping noise, clocks in short bursts): the events stand.
     t = _timing(1.50, 1.545)
-    assert eval_run._bounded_runtime(_ev("cuda"), t) == 1.50 and "runner_runtime_ms" not in t
+    assert eval_figures.bounded_runtime(_ev("cuda"), t) == 1.50 and "runner_runtime_ms" not in t
 
 
 @given(st.floats(0.01, 10.0), st.floats(0.01, 10.0), st.floats(0.01, 10.0), st.floats(0.0, 1.0))
 def test_speedup_comes_from_the_pair_capped_by_the_start(paired, start, runtime, drift):
     r = EvalResult("ok", correct=True, runtime_ms=runtime, details={"reference_timing": {"runtime_ms": paired}})
-    eval_run.paired_speedup(r, start, drift)
+    eval_figures.paired_speedup(r, start, drift)
     assert math.isclose(r.baseline_ms, min(paired, start * (1 + drift)))
     assert math.isclose(r.speedup, r.baseline_ms / runtime)
     assert math.isclose(r.details["baseline_drift"], r.baseline_ms / start - 1)
@@ -130,7 +130,7 @@ def test_speedup_comes_from_the_pair_capped_by_the_start(paired, start, runtime,
 
 def test_without_a_pair_the_start_baseline_counts():
     r = EvalResult("ok", correct=True, runtime_ms=2.0, details={})
-    eval_run.paired_speedup(r, 4.0, 0.1)
+    eval_figures.paired_speedup(r, 4.0, 0.1)
     assert r.baseline_ms == 4.0 and r.speedup == 2.0 and r.details["baseline_drift"] == 0.0
 
 
@@ -140,7 +140,7 @@ def test_the_mismatch_check_sees_the_uncapped_estimate():
     dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
     details = {"timing": {}, "reference_timing": {"runtime_ms": 1.0}}
     job = {"mode": "candidate", "timing": {"round_calls": 10}}
-    eval_run._host_rounds_details(_ev("cuda"), dev, job, [0.030], [0.030], details)
+    eval_figures.host_rounds_details(_ev("cuda"), dev, job, [0.030], [0.030], details)
     t = details["timing"]
     assert math.isclose(t["host_ms_uncapped"], 1.0) and t["host_ms_per_call"] > t["host_ms_uncapped"]
 
