@@ -198,7 +198,7 @@ class Options:
     paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
     timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them
     gpu_busy_ms: float = 1.0  # a trivial kernel of the reference worker's waiting longer: the GPU was busy
-    # with the candidate's leftover work while its reference was timed (rejected)
+    # (the candidate's leftover work, another user) around a reference block or round, which then does not count
     max_drift: float | None = None  # the paired reference counts up to this much above the start's baseline
     # (None: 0.10 on a GPU, 1.0 on the CPU)
     host_margin: float | None = None  # the runtime is at least the host rounds' figure / (1 + this) (None:

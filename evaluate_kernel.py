@@ -66,7 +66,8 @@ Runtime (eval_timing.py measures, eval_figures.runtime_figures decides): (a) GPU
 (synchronise, L2 flush, start event, the call, end event on its stream) with a lead (eval_timing._GpuHold:
 every SM's warp slots held for lead_ms before the start event) that hides the host's launch latency;
 (b) KernelBench's protocol as published, for the record; (c) the steady-state cost of back-to-back calls
-on the host clock. The runtime is max(a, c): whichever side, GPU or host, limits the call. Left out:
+on the host clock. The runtime is max(a, c) on a GPU: whichever side, GPU or host, limits the call; on
+the CPU it is (a), the 10th percentile of single calls on the host clock (load only adds time). Left out:
 profiler proof that custom kernels ran, clock locking, precision policies other than the problem's dtype.
 
 Files, by role (no import cycles): eval_common (leaf: results, options, comparison, digest), eval_screen

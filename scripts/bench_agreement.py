@@ -26,7 +26,12 @@ evaluator build does not report prints "n/a". A candidate that fails prints its 
 --device cpu runs the same flow on the CPU (one thread, as the evaluator's workers) for a smoke test: the
 candidate is then the reference itself renamed ModelNew, the problems are the three v0 ones and
 conv_groupnorm_small, (a) is the median of 100 single calls on the host clock and (b) the same timer run
-again (on the CPU the evaluator's kernelbench_ms equals its gpu_ms).
+again (on the CPU the evaluator's kernelbench_ms equals its gpu_ms). On the CPU the table compares unlike
+things in two ways: the evaluator's (a) and runtime are the 10th percentile of single calls, not the median
+nor max(a, c); and its workers run with fixed glibc malloc thresholds (evaluate_kernel.Evaluator._env),
+without which the same model runs 2-3x slower (conv_groupnorm_small: 1.86 ms in the evaluator, 4.4-4.8 ms
+here, 05:48 on the 2-core machine). Give this process the same thresholds to compare:
+MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 python3 scripts/bench_agreement.py ...
 
 Time: about 3-6 minutes on one H100/H200 machine with 16 cores (each problem: an Evaluator start, one
 cold candidate build of 15-60 s, an evaluation of a few seconds, then ~5 s of independent timing);

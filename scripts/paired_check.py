@@ -2,7 +2,7 @@
 
 Evaluates the same candidate --repeats times with one Evaluator and prints, per evaluation, the three
 runtime figures of the candidate and of the reference timed beside it (gpu_ms = (a), kernelbench_ms =
-(b), steady_ms = (c), runtime = max(a, c)), the host rounds' floor, the drift of the paired reference from
+(b), steady_ms = (c), runtime = max(a, c) on a GPU, (a) on the CPU), the host rounds' floor, the drift of the paired reference from
 the baseline measured at start, and the speedup; then the speedups' spread (max / min - 1). With --load N,
 N busy processes (a Python loop each) run for the whole measurement, as a loaded machine would.
 
