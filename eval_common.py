@@ -223,10 +223,31 @@ class Options:
     peak_flops: float | None = None
 
     def __post_init__(self):
+        # Every option is a flag, a count or a non-negative amount: anything else is refused by name (a
+        # negative margin would silently double runtimes, a string flag would read as true).
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), f.default
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            else:   # a float, or None for "the device's default"
+                ok = (value is None and default is None) or (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0)
+            if not ok:
+                raise ValueError(f"Options.{f.name} must be {_kind(default)}, not {value!r}")
         for name in ("trials", "timing_iters", "timing_blocks", "host_calls", "host_rounds", "steady_passes",
                      "steady_sets", "steady_min_calls", "cpu_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Options.{name} must be at least 1, not {getattr(self, name)}")
+
+
+def _kind(default) -> str:
+    if isinstance(default, bool):
+        return "True or False"
+    if isinstance(default, int):
+        return "a whole number >= 0"
+    return "a number >= 0" + (" or None" if default is None else "")
 
 def _quantile(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:

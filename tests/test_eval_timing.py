@@ -149,3 +149,15 @@ def test_the_mismatch_check_sees_the_uncapped_estimate():
 def test_options_that_would_leave_nothing_to_measure_are_refused(name):
     with pytest.raises(ValueError, match=name):
         Options(**{name: 0})
+
+
+@pytest.mark.parametrize("name,value", [("max_drift", -1.0), ("host_margin", -0.5), ("host_margin", "x"),
+                                        ("paired_reference", "no"), ("timing_iters", 2.5), ("lead_ms", None)])
+def test_options_of_the_wrong_kind_or_sign_are_refused_by_name(name, value):
+    with pytest.raises(ValueError, match=f"Options.{name}"):
+        Options(**{name: value})
+
+
+def test_default_options_and_device_defaults_are_accepted():
+    Options()
+    Options(max_drift=None, host_margin=0.0, paired_reference=False, max_jobs=4, peak_flops=1e15)
