@@ -191,7 +191,7 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     # as many calls as distinct sets fit in host_bytes, at least one.
     calls = max(1, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
     t["round_calls"] = calls
-    rounds, ref_rounds, round_msgs, walls = [], [], [], []
+    ref_rounds, round_msgs, walls = [], [], []
     rng = secrets.SystemRandom()
     round_cpu = 0.0
     dev.ref_call({"cmd": "pin", "cpus": job.get("cpus")})
@@ -216,7 +216,6 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
             ref_rounds.append(_quiet(w, busy, lambda: _reference_round(dev, t, calls)))
     finally:
         dev.ref_call({"cmd": "pin", "cpus": None})
-    rounds = walls
     too_busy = _cpu_check(ev, round_cpu, sum(walls), details)
     if too_busy is not None:
         return too_busy
@@ -243,10 +242,10 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     # The protocol is fixed: after "done", nothing. Extra messages mean someone else used the channel.
     if _drain(w, deadline):
         return _forged(details, "the result channel carried messages the harness did not send")
-    eval_figures.timing_details(ev, timed, rounds, event_wall_ms, t, details)
+    eval_figures.timing_details(ev, timed, walls, event_wall_ms, t, details)
     if paired and (figures := eval_figures.paired_figures(ev, ref_blocks)) is not None:
         details["reference_timing"] = figures
-    eval_figures.host_rounds_details(ev, dev, job, rounds, ref_rounds, details)
+    eval_figures.host_rounds_details(ev, dev, job, walls, ref_rounds, details)
     return shipped, revealed
 
 

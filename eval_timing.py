@@ -44,7 +44,7 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
     def keep(key, out) -> None:
         # A copy, not a reference: a kernel may return the same buffer every call. On the device while
         # keep_bytes allows, then on the host; beyond both, a revealed call is computed again.
-        # Host rounds copy only on the device (inside the parent's window, as the reference worker measured).
+        # Host rounds copy only on the device: inside the parent's window, as the reference worker's rounds do.
         size, room = sum(o.numel() * o.element_size() for o in out), budget[key[0]]
         for where in (0, 1):
             if size <= room[where]:
