@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from dataclasses import dataclass
+
+_PARSE_LOCK = threading.Lock()
 
 # ======================================================================================================
 # Static screen: rules as data, so messages and docs come from one place
@@ -178,7 +181,8 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
 def screen(src: str) -> ScreenVerdict:
     """Static screen before any build: syntax, a ModelNew class, and the RULES."""
     try:
-        tree = ast.parse(src)
+        with _PARSE_LOCK:   # CPython 3.11's parser can fail when threads parse at once (recursion depth mismatch)
+            tree = ast.parse(src)
     except SyntaxError as e:
         return ScreenVerdict("invalid", f"SyntaxError at line {e.lineno}: {e.msg}", line=e.lineno or 0)
     defined = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
