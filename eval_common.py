@@ -186,12 +186,14 @@ class Options:
     verify_calls: int = 3  # timed calls whose outputs are checked against the reference (chosen afterwards),
     # besides one call of every host round
     host_calls: int = 10  # calls back to back per host round, each on inputs of its own ...
-    host_rounds: int = 4
+    host_rounds: int = 4  # at least this many; more, up to host_rounds_max, while the reference's two
+    host_rounds_max: int = 12  # fastest rounds differ by more than host_settle (a loaded machine: the
+    host_settle: float = 0.03  # floor's noise allowance is that difference)
     host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
     keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
     steady_ms: float = 20.0  # (c): each back-to-back pass lasts about this long ...
-    steady_passes: int = 2  # ... the best of these counts (after one warm-up pass) ...
+    steady_passes: int = 1  # ... this many after each block of event calls; the best counts ...
     steady_sets: int = 4  # ... cycling through this many input sets
     steady_min_calls: int = 10
     steady_max_calls: int = 2000

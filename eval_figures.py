@@ -90,7 +90,8 @@ def paired_speedup(result: EvalResult, start_ms: float, max_drift: float) -> Non
     result.speedup = result.baseline_ms / result.runtime_ms if result.runtime_ms else None
 
 
-def host_rounds_details(ev, dev, job: dict, rounds: list, ref_rounds: list, details: dict) -> None:
+def host_rounds_details(ev, dev, job: dict, rounds: list, ref_rounds: list, details: dict,
+                        clocks: dict | None = None) -> None:
     """The parent's own estimate of the candidate's cost per call, by difference with the reference.
 
     Each of the runner's host rounds is followed by the same round on the reference in the reference
@@ -131,6 +132,15 @@ def host_rounds_details(ev, dev, job: dict, rounds: list, ref_rounds: list, deta
     timing["host_ms_uncapped"] = ref_ms + (cand[0] - min(ref_rounds)) * 1e3 / n
     timing["host_bookkeeping_ms"] = bookkeeping
     timing["host_noise_ms"] = noise + 0.25 * bookkeeping
+    if clocks and clocks["runner"] and len(clocks["reference"]) > 1:
+        # The same difference in CPU time (the CPU, one thread): what load adds to a round's wall time,
+        # waiting for a core, is no CPU time, so this estimate's noise stays small on a busy machine.
+        ref_cpu = sorted(clocks["reference"])
+        timing["cpu_rounds_ms"], timing["reference_cpu_rounds_ms"] = ([r * 1e3 for r in clocks[k]]
+                                                                       for k in ("runner", "reference"))
+        timing["host_cpu_ms_per_call"] = ref_ms + (min(clocks["runner"]) - ref_cpu[0]) * 1e3 / n
+        timing["host_cpu_noise_ms"] = (2 * (ref_cpu[1] - ref_cpu[0]) * 1e3 / n
+                                       + 0.25 * max(0.0, ref_cpu[0] * 1e3 / n - ref_ms))
 
 
 def bounded_runtime(ev, timing: dict) -> float:
@@ -147,6 +157,8 @@ def bounded_runtime(ev, timing: dict) -> float:
         return runtime
     margin = ev.opts.host_margin if ev.opts.host_margin is not None else (0.05 if ev.device == "cuda" else 0.10)
     floor = max(0.0, host_ms - noise) / (1.0 + margin)
+    if timing.get("host_cpu_ms_per_call") is not None:  # the CPU: the tighter of wall and CPU time bounds
+        floor = max(floor, max(0.0, timing["host_cpu_ms_per_call"] - timing["host_cpu_noise_ms"]) / (1.0 + margin))
     timing["host_floor_ms"] = floor
     if floor > runtime:
         timing["runner_runtime_ms"], timing["runtime_ms"] = runtime, floor

@@ -186,34 +186,42 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     if len(timed.get("digests", [])) != t["iters"]:
         return _forged(details, "the runner reported digests for another number of calls than it was asked to run")
     if paired:
-        ref_blocks.append(_quiet(w, busy, lambda: _reference_block(ev, dev, job, last=True)))
+        ref_blocks.append(_quiet(w, busy, lambda: _reference_block(ev, dev, job)))
     # Never an input set twice in a round (a cache keyed on contents or pointers would answer the repeat):
     # as many calls as distinct sets fit in host_bytes, at least one.
     calls = max(1, min(t["host_calls"], t["host_bytes"] // max(1, t["in_bytes"])))
     t["round_calls"] = calls
     ref_rounds, round_msgs, walls = [], [], []
+    # On the CPU with one thread, each round's CPU time too (both sides): load stretches a round's wall
+    # time but hardly its CPU time, so the floor by difference stays tight on a loaded machine.
+    clocks = {"runner": [], "reference": []} if ev.device == "cpu" and ev.opts.cpu_threads == 1 else None
     rng = secrets.SystemRandom()
     round_cpu = 0.0
     dev.ref_call({"cmd": "pin", "cpus": job.get("cpus")})
     try:
-        for r in range(ev.opts.host_rounds):  # the fastest round counts: load only ever slows a round
+        r = 0
+        while _more_rounds(ev, r, ref_rounds):  # the fastest round counts: load only ever slows a round
             # Which call of the previous round will be verified, chosen after its digests arrived: the
             # runner keeps that output and lets the others go, so no round waits on fresh allocations.
             chosen = [r - 1, round_msgs[-1][2]] if round_msgs else None
             go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": calls, "calls": calls,
                   "chosen": chosen}
             cpu = cpu_seconds(w)
+            clock = cpu_clock_s(w) if clocks is not None else 0.0
             started = time.monotonic()
             w.send(go)
             msg = recv()
             walls.append(time.monotonic() - started)
             round_cpu += cpu_seconds(w) - cpu
+            if clocks is not None:
+                clocks["runner"].append(cpu_clock_s(w) - clock)
             if msg["kind"] != "round":
                 return _failure(msg, details)
             if len(msg.get("digests", [])) != calls:
                 return _forged(details, "a host round reported digests for another number of calls than it ran")
             round_msgs.append((go, msg, rng.randrange(calls)))
-            ref_rounds.append(_quiet(w, busy, lambda: _reference_round(dev, t, calls)))
+            ref_rounds.append(_quiet(w, busy, lambda: _reference_round(dev, t, calls, clocks)))
+            r += 1
     finally:
         dev.ref_call({"cmd": "pin", "cpus": None})
     too_busy = _cpu_check(ev, round_cpu, sum(walls), details)
@@ -245,7 +253,7 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     eval_figures.timing_details(ev, timed, walls, event_wall_ms, t, details)
     if paired and (figures := eval_figures.paired_figures(ev, ref_blocks)) is not None:
         details["reference_timing"] = figures
-    eval_figures.host_rounds_details(ev, dev, job, walls, ref_rounds, details)
+    eval_figures.host_rounds_details(ev, dev, job, walls, ref_rounds, details, clocks)
     return shipped, revealed
 
 
@@ -259,13 +267,35 @@ def _quiet(w: _Worker, busy: list, measure):
     return out
 
 
-def _reference_round(dev: _Device, t: dict, calls: int) -> float:
-    """The same host round on the reference, in the reference worker, timed by this process's clock."""
+def _more_rounds(ev, done: int, ref_rounds: list[float]) -> bool:
+    """host_rounds rounds, then more (up to host_rounds_max) until the reference's two fastest agree within
+    host_settle. The floor's noise allowance is their difference: on a loaded 2-core machine four rounds
+    left it at up to 95% of the call (a forged runtime of 0.1 ms passed for a 1.1 ms call); the rounds
+    alternate between the two sides, so the extra ones give both more chances at a quiet moment."""
+    if done < ev.opts.host_rounds:
+        return True
+    if done >= ev.opts.host_rounds_max:
+        return False
+    if len(ref_rounds) < 2:
+        return True
+    fastest = sorted(ref_rounds)[:2]
+    return fastest[1] - fastest[0] > ev.opts.host_settle * fastest[0]
+
+
+def _reference_round(dev: _Device, t: dict, calls: int, clocks: dict | None = None) -> float:
+    """The same host round on the reference, in the reference worker, timed by this process's clock (and,
+    where clocks is given, its CPU time appended to clocks["reference"])."""
     msg = {"cmd": "round", "seed": secrets.randbits(31), "sets": calls, "calls": calls,
            "timing": {"host_calls": calls, "on_device": t["on_device"]}}
+    pid = dev.ref.main_pid()
+    clock = _process_clock_s(pid) if clocks is not None else None
     started = time.monotonic()
     reply = dev.ref_call(msg)
     wall = time.monotonic() - started
+    if clock is not None:
+        after = _process_clock_s(pid)
+        if after is not None:
+            clocks["reference"].append(after - clock)
     if reply.get("kind") != "round":
         raise RuntimeError(f"reference worker error: {reply.get('error')}")
     # A busy GPU made this round slow; the baseline run's round (no candidate alive then) stands in for it.
@@ -274,11 +304,11 @@ def _reference_round(dev: _Device, t: dict, calls: int) -> float:
     return wall
 
 
-def _reference_block(ev, dev: _Device, job: dict, first: bool = False, last: bool = False) -> dict:
+def _reference_block(ev, dev: _Device, job: dict, first: bool = False) -> dict:
     """One block of the reference's paired measurement, timed by the reference worker on the runner's
-    core: the first warms up as a runner does, the last also runs the steady phase."""
+    core: the first warms up as a runner does; each ends with its steady passes, as the runner's blocks do."""
     t = job["timing"]
-    block = dict(t, iters=max(8, t["iters"] // (3 * t["blocks"])), steady_passes=t["steady_passes"] if last else 0,
+    block = dict(t, iters=max(8, t["iters"] // (3 * t["blocks"])),
                  warmup_ms=min(t["warmup_ms"], 30.0 if first else 10.0))  # the GPU is warm: the trials just ran
     reply = dev.ref_call({"cmd": "time", "seed": secrets.randbits(31), "cpus": job.get("cpus"), "timing": block})
     if reply.get("kind") != "ref_timed":
@@ -309,6 +339,33 @@ def cpu_seconds(w: _Worker) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return sum(seen.values())
+
+
+def cpu_clock_s(w: _Worker) -> float:
+    """CPU time of the runner and every process it started, from each process's own CPU clock: nanosecond
+    resolution (cpu_seconds' /proc counters tick every 10 ms), every thread, those that have ended too.
+    Monotone per process, as cpu_seconds. A process started and ended between two readings is missed
+    (the wall-clock floor still bounds what it did)."""
+    seen = w.__dict__.setdefault("clock_seen", {})
+    for pid in find_processes({w.main_pid()}, w.mark):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                key = (pid, f.read().rsplit(b")", 1)[1].split()[19])
+        except (OSError, IndexError):
+            continue
+        reading = _process_clock_s(pid)
+        if reading is not None:
+            seen[key] = max(seen.get(key, 0.0), reading)
+    return sum(seen.values())
+
+
+def _process_clock_s(pid: int) -> float | None:
+    """The CPU time of process pid, all its threads (Linux's process-wide CPU clock of another process:
+    clock id ((~pid) << 3) | 2); None where that clock cannot be read."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
+    except (OSError, OverflowError, AttributeError):
+        return None
 
 
 def _cpu_check(ev, cpu_s: float, wall_s: float, details: dict) -> EvalResult | None:

@@ -10,7 +10,8 @@ Three figures per callable, computed by the parent (eval_figures.runtime_figures
       lead (_GpuHold) so the host's launch latency is hidden: what the call costs the GPU;
   (b) KernelBench's current protocol as published (every fourth call of the event phase, without a lead);
   (c) steady state: calls back to back on a few pre-drawn input sets, one synchronise, the host's clock:
-      what the call costs when the host is the slower side (launch-bound calls).
+      what the call costs when the host is the slower side (launch-bound calls). One pass after each
+      block of event calls, so the passes are spread over the whole measurement (see steady_phase).
 """
 from __future__ import annotations
 
@@ -67,15 +68,20 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
         keep(("t", i), tensors)
         out_bytes[0] = sum(o.numel() * o.element_size() for o in tensors)
 
-    def between_blocks() -> None:
-        # The parent times a block of the reference here, on this device and core, while we wait.
-        send({"kind": "block"})
-        if recv().get("cmd") != "next":
-            raise RuntimeError("the timing conversation was broken off")
+    steady: list[float] = []
+
+    def after_block(samples: list[float], last: bool) -> None:
+        steady.extend(steady_phase(model, steady_sets, samples, t, device))
+        if not last:  # the parent times a block of the reference here, on this device and core, while we wait
+            send({"kind": "block"})
+            if recv().get("cmd") != "next":
+                raise RuntimeError("the timing conversation was broken off")
 
     with torch.no_grad():
-        phase = event_phase(model, ref_ns, seed, t, device, hold, commit, tails=True, between=between_blocks)
-        phase["steady_ms"] = steady_phase(model, ref_ns, seed, t, device, phase)
+        steady_sets = _draw_sets(ref_ns, seed ^ 0x3C3C3C3C, t["steady_sets"], device, t["on_device"])
+        phase = event_phase(model, ref_ns, seed, t, device, hold, commit, tails=True, after_block=after_block)
+        phase["steady_ms"] = steady
+        del steady_sets
         phase["io_bytes"] = phase.pop("in_bytes") + out_bytes[0]
         send({"kind": "timed", **phase, "digests": _ints(digests), "peak_bytes": _peak_bytes(device)})
         reveal = _host_rounds(model, ref_ns, keep, drop_unchosen, weights, device, t, send, recv)
@@ -84,8 +90,7 @@ def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", s
 
 def time_reference(model, ref_ns: dict, seed: int, t: dict, device, hold: "_GpuHold | None") -> dict:
     """One block of the reference's half of a paired measurement: event calls as a runner makes them (the
-    parent puts these blocks between the candidate's), and the steady phase where t["steady_passes"] asks
-    for it. Nothing is committed: this process never runs candidate code."""
+    parent puts these blocks between the candidate's), then its steady passes (t["steady_passes"]). Nothing is committed: this process never runs candidate code."""
     import torch
     weights: dict = {}
     kept: list = []
@@ -101,9 +106,17 @@ def time_reference(model, ref_ns: dict, seed: int, t: dict, device, hold: "_GpuH
             room[0] -= size
             kept.append([o.clone() for o in tensors])
 
+    steady: list[float] = []
+
+    def after_block(samples: list[float], last: bool) -> None:
+        if t["steady_passes"]:
+            sets = _draw_sets(ref_ns, seed ^ 0x3C3C3C3C, t["steady_sets"], device, t["on_device"])
+            steady.extend(steady_phase(model, sets, samples, t, device))
+
     with torch.no_grad():
-        phase = event_phase(model, ref_ns, seed, dict(t, blocks=1), device, hold, commit, tails=False)
-        phase["steady_ms"] = steady_phase(model, ref_ns, seed, t, device, phase) if t["steady_passes"] else []
+        phase = event_phase(model, ref_ns, seed, dict(t, blocks=1), device, hold, commit, tails=False,
+                            after_block=after_block)
+        phase["steady_ms"] = steady
     phase.pop("in_bytes")
     kept.clear()
     if device.type == "cuda":
@@ -111,9 +124,10 @@ def time_reference(model, ref_ns: dict, seed: int, t: dict, device, hold: "_GpuH
     return phase
 
 
-def event_phase(model, ref_ns: dict, seed: int, t: dict, device, hold, commit, tails: bool, between=None) -> dict:
-    """Warm-up, then t["iters"] calls on fresh inputs in t["blocks"] blocks (between() runs between two);
-    (a) and (b) samples, and on a GPU the tails."""
+def event_phase(model, ref_ns: dict, seed: int, t: dict, device, hold, commit, tails: bool,
+                after_block=None) -> dict:
+    """Warm-up, then t["iters"] calls on fresh inputs in t["blocks"] blocks, after_block(samples so far,
+    last) after each; (a) and (b) samples, and on a GPU the tails."""
     import torch
     on_device = t["on_device"]
 
@@ -135,8 +149,13 @@ def event_phase(model, ref_ns: dict, seed: int, t: dict, device, hold, commit, t
     lead_ms = t.get("lead_ms", 0.0) if hold is not None else 0.0
     per_block = -(-t["iters"] // t["blocks"])
     for i in range(t["iters"]):
-        if i and i % per_block == 0 and between is not None:
-            between()
+        if i and i % per_block == 0 and after_block is not None:
+            after_block(samples, False)
+        # The CPU: a pad of random size (0-1 MiB) ahead of each call's inputs moves them and what the call
+        # allocates to new addresses. Without it a process kept its addresses call after call, and fresh
+        # runners' fastest calls read up to 16% slower than the reference worker's for the same model, a
+        # whole process at a time (4 of 20 evaluations under load; with it, none in 20, within 7%).
+        pad = torch.empty(int.from_bytes(os.urandom(2), "little") * 16, dtype=torch.uint8) if flush is None else None
         xs = draw(seed, i)
         if flush is not None:
             start, end, device_end, idle, idle_end = (torch.cuda.Event(enable_timing=True) for _ in range(5))
@@ -176,33 +195,39 @@ def event_phase(model, ref_ns: dict, seed: int, t: dict, device, hold, commit, t
             samples.append((time.perf_counter() - t0) * 1e3)
         if commit is not None:
             commit(i, out)
-        del out
+        del out, pad
+    if after_block is not None:
+        after_block(samples, True)
     in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
     return {"samples": samples, "plain_samples": plain, "tails": tail_ms, "lead_ms": lead_ms, "in_bytes": in_bytes}
 
 
-def steady_phase(model, ref_ns: dict, seed: int, t: dict, device, phase: dict) -> list[float]:
+def steady_phase(model, sets: list, samples: list[float], t: dict, device) -> list[float]:
     """(c): per-call host time of calls back to back, one synchronise per pass; one figure per pass.
 
-    A few input sets, drawn before the passes and cycled (as a model serving a stream of requests sees
-    them); each pass lasts about steady_ms and at least steady_min_calls calls, so what a pass costs once
-    (the first launch reaching an idle GPU, the synchronise) is a small part of it (0.5% of a 1.5 ms
-    call in 13 calls). The first pass is a warm-up: the host's caches and the allocator settle.
-    (Timing n and 2n calls and taking the difference cancels that cost exactly, but read 20-50% below
-    an independent single-pass timer for 10 µs calls on an H200, for reasons not understood.)"""
-    sets = _draw_sets(ref_ns, seed ^ 0x3C3C3C3C, t["steady_sets"], device, t["on_device"])
-    samples = sorted(phase["samples"])
-    per_call = samples[len(samples) // 2] if samples else 1.0
+    The input sets are drawn before the event phase and cycled (as a model serving a stream of requests
+    sees them). A pass lasts about steady_ms and at least steady_min_calls calls, so what a pass costs once
+    (the first launch reaching an idle GPU, the synchronise) is a small part of it (0.5% of a 1.5 ms call
+    in 13 calls); an untimed call on each set before it brings them back into the caches.
+    The runner makes one such slot after each block of event calls, the reference worker one per block of
+    its own, and the best pass counts: on the GPU machines a process's host speed moves by up to 40% in
+    phases of about a second (the same 10 µs call read 9.5 and 14 µs per call on a pinned core in two
+    evaluations, each with two passes back to back agreeing within 0.1%), and passes spread over the
+    measurement's second see its fast phases. (Timing n and 2n calls and taking the difference cancels
+    the pass's own cost exactly, but read 20-50% below an independent timer for 10 µs calls on an H200.)"""
+    ordered = sorted(samples)
+    per_call = ordered[len(ordered) // 2] if ordered else 1.0
     n = int(min(t["steady_max_calls"], max(t["steady_min_calls"], t["steady_ms"] / max(per_call, 1e-3))))
+    for xs in sets:
+        model(*xs)
     out = []
-    for p in range(t["steady_passes"] + 1):
+    for _ in range(t["steady_passes"]):
         _sync(device)
         t0 = time.perf_counter()
         for i in range(n):
             model(*sets[i % len(sets)])
         _sync(device)
-        if p:
-            out.append((time.perf_counter() - t0) * 1e3 / n)
+        out.append((time.perf_counter() - t0) * 1e3 / n)
     return out
 
 

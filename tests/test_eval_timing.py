@@ -161,3 +161,56 @@ def test_options_of_the_wrong_kind_or_sign_are_refused_by_name(name, value):
 def test_default_options_and_device_defaults_are_accepted():
     Options()
     Options(max_drift=None, host_margin=0.0, paired_reference=False, max_jobs=4, peak_flops=1e15)
+
+
+def test_on_the_cpu_the_rounds_cpu_time_bounds_the_runtime_too():
+    # A loaded machine: the wall-clock rounds spread (reference 10 .. 18 ms), so their floor is loose; the
+    # CPU time of the same rounds hardly moves (10.0, 10.1 ms), and the tighter bound counts.
+    dev = types.SimpleNamespace(clean_timing={"ref_round_s": 0.010}, baseline={"median_ms": 1.0})
+    details = {"timing": {"runtime_ms": 0.05}, "reference_timing": {"runtime_ms": 1.0}}
+    job = {"mode": "candidate", "timing": {"round_calls": 10}}
+    clocks = {"runner": [0.0101, 0.0100], "reference": [0.0101, 0.0100]}
+    ev = _ev("cpu")
+    eval_figures.host_rounds_details(ev, dev, job, [0.011, 0.017], [0.010, 0.018], details, clocks)
+    t = details["timing"]
+    assert math.isclose(t["host_cpu_ms_per_call"], 1.0) and math.isclose(t["host_cpu_noise_ms"], 0.02)
+    assert t["host_noise_ms"] > 1.0   # the wall-clock estimate alone would leave no floor at all
+    assert math.isclose(eval_figures.bounded_runtime(ev, t), 0.98 / 1.10)
+
+
+@given(st.lists(st.floats(0.001, 1.0), min_size=0, max_size=20), st.integers(1, 6), st.integers(0, 8),
+       st.floats(0.0, 0.2))
+def test_more_host_rounds_only_while_the_reference_rounds_disagree(ref_rounds, least, extra, settle):
+    import eval_run
+    ev = types.SimpleNamespace(opts=Options(host_rounds=least, host_rounds_max=least + extra, host_settle=settle))
+    more = eval_run._more_rounds(ev, len(ref_rounds), ref_rounds)
+    if len(ref_rounds) < least:
+        assert more
+    elif len(ref_rounds) >= least + extra:
+        assert not more
+    elif len(ref_rounds) < 2:
+        assert more   # nothing to compare yet
+    else:
+        a, b = sorted(ref_rounds)[:2]
+        assert more == (b - a > settle * a)
+
+
+def test_another_process_cpu_clock_counts_its_ended_threads():
+    import subprocess
+    import sys
+    import time
+
+    import eval_run
+    code = ("import threading, time\n"
+            "def spin():\n    t = time.process_time()\n    while time.process_time() - t < 0.2: pass\n"
+            "th = threading.Thread(target=spin); th.start(); th.join(); print('done', flush=True); time.sleep(5)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "done"   # the spinning thread has ended
+        clock = eval_run._process_clock_s(proc.pid)
+        assert clock is not None and clock >= 0.2
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.1)
+    assert eval_run._process_clock_s(proc.pid) is None   # gone: no figure, never a made-up one
