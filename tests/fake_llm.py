@@ -65,14 +65,19 @@ class RuleBasedLLM:
     """Answers HCM prompts in the expected format. Selection and repair replies carry one of `programs`,
     chosen from a hash of the prompt, so identical prompts always get identical replies."""
 
-    def __init__(self, programs: list[str], seed: int = 0, variants: bool = False):
+    def __init__(self, programs: list[str], seed: int = 0, variants: bool = False, stable: bool = False):
         if not programs or not all(isinstance(p, str) and p.strip() for p in programs):
             raise ValueError("RuleBasedLLM needs at least one non-empty program source")
         self.programs = list(programs)
         self.seed = seed
         self.variants = variants   # True: tag each reply's program with a constant, so none is a duplicate
+        # True: every choice ignores the digits in the prompt (measured times, speedups), so what the replies
+        # are does not move with timing noise; only the variant tags still differ between such prompts.
+        self.stable = stable
 
     def _h(self, prompt: str, salt: str = "") -> int:
+        if self.stable and salt != "variant":
+            prompt = re.sub(r"\d", "#", prompt)
         digest = hashlib.sha256(f"{self.seed}|{salt}|{prompt}".encode("utf-8", "replace")).digest()
         return int.from_bytes(digest[:8], "big")
 

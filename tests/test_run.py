@@ -89,7 +89,9 @@ def _serve(llm: RuleBasedLLM):
 
 @pytest.fixture(scope="module")
 def server():
-    with _serve(RuleBasedLLM(PROGRAMS, seed=3, variants=True)) as base_url:
+    # stable: the replies ignore the measured numbers in the prompts, so which programs are written (one that
+    # fails among them) does not depend on how fast this machine happens to be
+    with _serve(RuleBasedLLM(PROGRAMS, seed=3, variants=True, stable=True)) as base_url:
         yield base_url
 
 
@@ -100,7 +102,7 @@ def _env():
     return env
 
 
-def _args(base_url, out, cache, seed=11, generations=6):
+def _args(base_url, out, cache, seed=11, generations=4):
     return ["--task", "conv_groupnorm_small", "--islands", "3", "--generations", str(generations),
             "--base-url", base_url, "--model", "fake-model", "--seed", str(seed), "--freeze", "2",
             "--eps-rel", "0.95", "--target-speedup", "1.1", "--out", str(out),
@@ -140,7 +142,7 @@ def test_full_run_writes_every_file(full_run):
     assert config["config"]["islands"] == 3 and "torch" in config["versions"]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     gens = [e for e in events if e["type"] == "generation"]
-    assert len(gens) == 18 and {e["island"] for e in gens} == {0, 1, 2}
+    assert len(gens) == 12 and {e["island"] for e in gens} == {0, 1, 2}
     assert all("llm_calls" in e and "momentum" in e for e in gens)
     evaluations = [e for e in events if e["type"] == "evaluation"]
     statuses = {e["status"] for e in evaluations}
@@ -202,7 +204,7 @@ def test_interventions_show_backtrack_and_crossover(tmp_path):
     with _serve(RuleBasedLLM([HONEST, _chunked(4), _chunked(1), SLOW], seed=5, variants=True)) as base_url:
         for seed in range(1, 7):   # actions are drawn at random from measured (noisy) CPU timings: up to six runs
             out = tmp_path / f"run{seed}"
-            args = _args(base_url, out, tmp_path / "cache", seed=seed)
+            args = _args(base_url, out, tmp_path / "cache", seed=seed, generations=6)
             args[args.index("conv_groupnorm_small")] = str(task)
             args = [a for a in args if a not in ("--target-speedup", "1.1")] + ["--device", "cpu"]
             proc = _run_cli(args)
@@ -237,14 +239,14 @@ def test_kill_and_resume_matches_uninterrupted_run(full_run, server):
     proc.send_signal(signal.SIGKILL)   # a crash: no chance to clean up
     proc.wait()
     killed_at = json.loads(checkpoint.read_text())["round"]
-    assert 2 <= killed_at < 6
+    assert 2 <= killed_at < 4
     assert "--resume" in check_page(out).of("run")   # the page of a killed run says how to go on
     resumed = _run_cli(["--resume", str(out)])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming {out} at round {killed_at}" in resumed.stdout
     a = json.loads((base / "a" / "checkpoint.json").read_text())
     b = json.loads(checkpoint.read_text())
-    assert b["round"] == 6
+    assert b["round"] == 4
     assert _comparable(b) == _comparable(a)
     assert (out / "best.py").read_text() == (base / "a" / "best.py").read_text()
 
