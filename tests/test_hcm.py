@@ -786,6 +786,19 @@ def test_rule_based_llm_is_deterministic_and_answers_every_kind():
         RuleBasedLLM([])
 
 
+def test_stable_rule_based_llm_ignores_measured_numbers_but_not_the_rest():
+    programs = [prog(k) for k in range(1, 9)]
+    fast, slow = (f"Parent program: 1.{d}23 ms, speedup 0.9{d}x\n" + hcm.IMPLEMENT_PROMPT for d in (1, 7))
+    stable = RuleBasedLLM(programs, seed=3, stable=True)
+    assert hcm.extract_code(stable(fast)) == hcm.extract_code(stable(slow))
+    texts = [f"Idea {w}\n" + hcm.IMPLEMENT_PROMPT for w in "abcdefghijklmnop"]
+    assert len({hcm.extract_code(stable(t)) for t in texts}) > 1   # words still choose
+    plain = RuleBasedLLM(programs, seed=3)
+    assert len({hcm.extract_code(plain(f"{k} ms\n" + hcm.IMPLEMENT_PROMPT)) for k in range(16)}) > 1
+    tagged = RuleBasedLLM(programs, seed=3, variants=True, stable=True)
+    assert tagged(fast) != tagged(slow)   # the variant tags still differ: no duplicate programs
+
+
 def test_rule_based_runs_are_reproducible():
     def one_run():
         pool, log = hcm.IdeaPool(), hcm.GlobalLog()
