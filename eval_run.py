@@ -206,15 +206,15 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
             chosen = [r - 1, round_msgs[-1][2]] if round_msgs else None
             go = {"cmd": "go", "seed": secrets.randbits(31), "round": r, "sets": calls, "calls": calls,
                   "chosen": chosen}
-            cpu = cpu_seconds(w)
-            clock = cpu_clock_s(w) if clocks is not None else 0.0
+            cpu, clock = cpu_times(w, clocks is not None)
             started = time.monotonic()
             w.send(go)
             msg = recv()
             walls.append(time.monotonic() - started)
-            round_cpu += cpu_seconds(w) - cpu
+            cpu_after, clock_after = cpu_times(w, clocks is not None)
+            round_cpu += cpu_after - cpu
             if clocks is not None:
-                clocks["runner"].append(cpu_clock_s(w) - clock)
+                clocks["runner"].append(clock_after - clock)
             if msg["kind"] != "round":
                 return _failure(msg, details)
             if len(msg.get("digests", [])) != calls:
@@ -329,34 +329,27 @@ def cpu_seconds(w: _Worker) -> float:
     it started, read from /proc by us: the runner cannot report a smaller figure. Monotone: a process
     once seen keeps its last reading after it is gone (a child reaped without a wait, SIGCHLD ignored,
     takes its time with it from its parent's counters)."""
-    seen = w.__dict__.setdefault("cpu_seen", {})
+    return cpu_times(w, clocks=False)[0]
+
+
+def cpu_times(w: _Worker, clocks: bool) -> tuple[float, float]:
+    """cpu_seconds, and with `clocks` the same processes' time from their own CPU clocks (nanosecond
+    resolution where /proc ticks every 10 ms; every thread, those that have ended too), in one walk of the
+    runner's processes. A process started and ended between two readings is missed by the clocks (the
+    wall-clock floor still bounds what it did)."""
+    ticks, clock = w.__dict__.setdefault("cpu_seen", {}), w.__dict__.setdefault("clock_seen", {})
     for pid in find_processes({w.main_pid()}, w.mark):
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
             key = (pid, fields[19])   # with its start time: a pid reused later is another process
-            seen[key] = max(seen.get(key, 0.0), sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS)
+            ticks[key] = max(ticks.get(key, 0.0), sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS)
         except (OSError, IndexError, ValueError):
-            pass
-    return sum(seen.values())
-
-
-def cpu_clock_s(w: _Worker) -> float:
-    """CPU time of the runner and every process it started, from each process's own CPU clock: nanosecond
-    resolution (cpu_seconds' /proc counters tick every 10 ms), every thread, those that have ended too.
-    Monotone per process, as cpu_seconds. A process started and ended between two readings is missed
-    (the wall-clock floor still bounds what it did)."""
-    seen = w.__dict__.setdefault("clock_seen", {})
-    for pid in find_processes({w.main_pid()}, w.mark):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                key = (pid, f.read().rsplit(b")", 1)[1].split()[19])
-        except (OSError, IndexError):
             continue
-        reading = _process_clock_s(pid)
+        reading = _process_clock_s(pid) if clocks else None
         if reading is not None:
-            seen[key] = max(seen.get(key, 0.0), reading)
-    return sum(seen.values())
+            clock[key] = max(clock.get(key, 0.0), reading)
+    return sum(ticks.values()), sum(clock.values())
 
 
 def _process_clock_s(pid: int) -> float | None:
