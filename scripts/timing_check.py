@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import bench_eval  # noqa: E402
-import eval_timing  # noqa: E402
+from evaluate_kernel import timing as eval_timing  # noqa: E402
 import evaluate_kernel  # noqa: E402
 import tasks  # noqa: E402
 

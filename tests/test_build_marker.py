@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import eval_sandbox
+from evaluate_kernel import sandbox as eval_sandbox
 import evaluate_kernel as ek
 
 REF = '''import torch
@@ -58,7 +58,7 @@ class ModelNew(nn.Module):
 # the key can be read, a valid tag. A marker holding only a digest would now vouch for the forged library.
 FORGE = r"""
 import hashlib, hmac, json, os
-import eval_sandbox
+from evaluate_kernel import sandbox as eval_sandbox
 target, key_path, report = TARGET, KEY_PATH, REPORT
 try:
     with open(key_path, "rb") as f:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import eval_figures
-from eval_common import EvalResult, Options
+from evaluate_kernel import figures as eval_figures
+from evaluate_kernel.common import EvalResult, Options
 
 samples = st.lists(st.floats(0.001, 100.0), min_size=1, max_size=60)
 
@@ -181,7 +181,7 @@ def test_on_the_cpu_the_rounds_cpu_time_bounds_the_runtime_too():
 @given(st.lists(st.floats(0.001, 1.0), min_size=0, max_size=20), st.integers(1, 6), st.integers(0, 8),
        st.floats(0.0, 0.2))
 def test_more_host_rounds_only_while_the_reference_rounds_disagree(ref_rounds, least, extra, settle):
-    import eval_run
+    from evaluate_kernel import evaluation as eval_run
     ev = types.SimpleNamespace(opts=Options(host_rounds=least, host_rounds_max=least + extra, host_settle=settle))
     more = eval_run._more_rounds(ev, len(ref_rounds), ref_rounds)
     if len(ref_rounds) < least:
@@ -200,7 +200,7 @@ def test_another_process_cpu_clock_counts_its_ended_threads():
     import sys
     import time
 
-    import eval_run
+    from evaluate_kernel import evaluation as eval_run
     code = ("import threading, time\n"
             "def spin():\n    t = time.process_time()\n    while time.process_time() - t < 0.2: pass\n"
             "th = threading.Thread(target=spin); th.start(); th.join(); print('done', flush=True); time.sleep(5)")

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import eval_common
-import eval_sandbox
+from evaluate_kernel import common as eval_common
+from evaluate_kernel import sandbox as eval_sandbox
 import evaluate_kernel as ek
 
 HERE = Path(__file__).parent / "candidates_cpu"
@@ -61,28 +61,30 @@ def test_digest_depends_on_order_and_position():
 
 
 # ------------------------------------------------------------------------------------------ private code
+CODE_FILES = ["__init__.py", "worker.py", "evaluation.py", "common.py"]
+
 def test_private_copy_is_restored_and_original_changes_are_reported_once(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in eval_sandbox.CODE_FILES:
+    for name in CODE_FILES:
         (src / name).write_text(f"# {name}\n")
     code = eval_sandbox.PrivateCode(str(tmp_path / "private"), source_dir=str(src))
     assert code.problems() == []
-    copy = Path(code.path("eval_worker.py"))
+    copy = Path(code.path("worker.py"))
     os.chmod(copy.parent, 0o700)
     os.chmod(copy, 0o600)
     copy.write_text("# forged\n")
     assert any("private copy" in p for p in code.problems())
-    assert copy.read_text() == "# eval_worker.py\n" and code.problems() == []
-    (src / "eval_run.py").write_text("# edited\n")
-    assert any("eval_run.py" in p for p in code.problems())
+    assert copy.read_text() == "# worker.py\n" and code.problems() == []
+    (src / "evaluation.py").write_text("# edited\n")
+    assert any("evaluation.py" in p for p in code.problems())
     assert code.problems() == []  # reported once per change, not for every later candidate
 
 
 def test_extra_names_in_the_private_copy_are_tampering_and_removed(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in eval_sandbox.CODE_FILES:
+    for name in CODE_FILES:
         (src / name).write_text(f"# {name}\n")
     code = eval_sandbox.PrivateCode(str(tmp_path / "private"), source_dir=str(src))
     os.chmod(code.dir, 0o700)
@@ -90,7 +92,13 @@ def test_extra_names_in_the_private_copy_are_tampering_and_removed(tmp_path):
     (Path(code.dir) / "json" / "__init__.py").write_text("raise SystemExit\n")
     problems = code.problems()
     assert any("json" in p for p in problems), problems
-    assert sorted(os.listdir(code.dir)) == sorted(eval_sandbox.CODE_FILES) and code.problems() == []
+    assert sorted(os.listdir(code.dir)) == sorted(CODE_FILES) and code.problems() == []
+
+
+def test_the_private_copy_holds_the_whole_package():
+    """Every module of the package is copied (nothing listed by hand that could go missing)."""
+    src = Path(eval_sandbox.__file__).parent
+    assert eval_sandbox.code_files(str(src)) == sorted(p.name for p in src.glob("*.py"))
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -337,7 +345,7 @@ class _Ev:
     ("cpu", 0.10, 0.10, True), ("cpu", 0.19, 0.12, True), ("cpu", 0.40, 0.10, False),
     ("cuda", 0.25, 0.10, True), ("cuda", 0.40, 0.10, False)])
 def test_cpu_time_beyond_the_allowed_cores_is_rejected(device, cpu_s, wall_s, ok):
-    import eval_run
+    from evaluate_kernel import evaluation as eval_run
     details: dict = {}
     r = eval_run._cpu_check(_Ev(device), cpu_s, wall_s, details)
     assert (r is None) == ok
@@ -348,7 +356,7 @@ def test_cpu_time_beyond_the_allowed_cores_is_rejected(device, cpu_s, wall_s, ok
 
 def test_cpu_seconds_counts_the_worker_and_what_it_started():
     """A worker whose child burns CPU: the parent's reading grows by that child's time too."""
-    import eval_run
+    from evaluate_kernel import evaluation as eval_run
     code = ("import subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import time\\nt=time.time()\\nwhile time.time()-t<3: pass'])\n"
             "time.sleep(30)\n")

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import eval_build
-import eval_device
-import eval_protocol
-import eval_timing
-import eval_worker
+from evaluate_kernel import build as eval_build
+from evaluate_kernel import device as eval_device
+from evaluate_kernel import protocol as eval_protocol
+from evaluate_kernel import timing as eval_timing
+from evaluate_kernel import worker as eval_worker
 import evaluate_kernel as ek
 
 HERE = Path(__file__).parent / "candidates_cpu"

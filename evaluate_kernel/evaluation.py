@@ -23,11 +23,11 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 
-import eval_figures
-from eval_common import _DISTS, _PEAKS, EvalResult, call_seed
-from eval_device import _Device, _FileLock, _NullCtx
-from eval_protocol import _Worker
-from eval_sandbox import find_processes
+from . import figures
+from .common import _DISTS, _PEAKS, EvalResult, call_seed
+from .device import _Device, _FileLock, _NullCtx
+from .protocol import _Worker
+from .sandbox import find_processes
 
 
 def run(ev, src: str | None, h: str, dev: _Device, details: dict, locked: bool = False) -> EvalResult:
@@ -250,10 +250,10 @@ def _converse_timing(ev, w: _Worker, dev: _Device, job: dict, recv, deadline: fl
     # The protocol is fixed: after "done", nothing. Extra messages mean someone else used the channel.
     if _drain(w, deadline):
         return _forged(details, "the result channel carried messages the harness did not send")
-    eval_figures.timing_details(ev, timed, walls, event_wall_ms, t, details)
-    if paired and (figures := eval_figures.paired_figures(ev, ref_blocks)) is not None:
-        details["reference_timing"] = figures
-    eval_figures.host_rounds_details(ev, dev, job, walls, ref_rounds, details, clocks)
+    figures.timing_details(ev, timed, walls, event_wall_ms, t, details)
+    if paired and (paired_fig := figures.paired_figures(ev, ref_blocks)) is not None:
+        details["reference_timing"] = paired_fig
+    figures.host_rounds_details(ev, dev, job, walls, ref_rounds, details, clocks)
     return shipped, revealed
 
 
@@ -383,7 +383,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def _verdict(ev, job: dict, details: dict) -> EvalResult:
     timing = details["timing"]
-    runtime = eval_figures.bounded_runtime(ev, timing)
+    runtime = figures.bounded_runtime(ev, timing)
     if job["mode"] == "candidate":
         if details["flags"]:
             return EvalResult("rejected", message="rejected: " + "; ".join(details["flags"][:3]), details=details)
@@ -391,7 +391,7 @@ def _verdict(ev, job: dict, details: dict) -> EvalResult:
             return _forged(details, f"the reported timings add up to {timing['samples_sum_ms']:.3f} ms, more than "
                            f"the {timing['event_phase_wall_ms']:.3f} ms that passed")
         tail, plain = timing["device_tail_ms"], timing["plain_median_ms"]
-        host_ms, noise = eval_figures.host_figure(ev, timing)
+        host_ms, noise = figures.host_figure(ev, timing)
         host_ms = timing.get("host_ms_uncapped", host_ms)
         margin = ev.opts.host_slack_ms + noise
         if tail is not None and tail > ev.opts.tail_ms:

@@ -9,7 +9,7 @@ import hashlib
 import traceback
 from typing import Any
 
-from eval_common import _flat, _int_view
+from .common import _flat, _int_view
 
 def _set_seed(seed: int) -> None:
     import torch

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from eval_common import EvalResult, _quantile
+from .common import EvalResult, _quantile
 
 
 def runtime_figures(samples: list[float], plain: list[float], steady: list[float], gpu: bool = True) -> dict:

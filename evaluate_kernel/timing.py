@@ -19,8 +19,8 @@ import os
 import sys
 import time
 
-from eval_common import _flat, call_seed, output_digest
-from eval_inputs import _check_outputs, _draw_sets, _make_inputs, _sync
+from .common import _flat, call_seed, output_digest
+from .inputs import _check_outputs, _draw_sets, _make_inputs, _sync
 
 
 def _time_model(model, ref_ns: dict, t: dict, device, hold: "_GpuHold | None", send, recv) -> None:

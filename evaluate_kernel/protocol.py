@@ -1,7 +1,7 @@
 """The protocol between the evaluator (parent) and its workers, and the parent's handle on one worker.
 
-Every worker is `python eval_worker.py FD [warm PARENT_PID]`, run from the evaluator's private copy of
-its code. The parent writes one JSON object per line on the worker's stdin; the worker answers on the
+Every worker is `python -I -B -c BOOT CODE_DIR --worker FD [warm PARENT_PID]`, run from the evaluator's
+private copy of its code (worker.main()). The parent writes one JSON object per line on the worker's stdin; the worker answers on the
 private pipe FD, never on stdout (which goes to the worker's log), and every answer carries the job's
 nonce, so text a candidate prints cannot pose as an answer.
 
@@ -56,30 +56,34 @@ import subprocess
 import sys
 import time
 
-from eval_common import _remove
-from eval_sandbox import MARK_ENV, Namespace, kill_processes
+from .common import _remove
+from .sandbox import MARK_ENV, Namespace, kill_processes
+
+# -I: no script directory, user site or PYTHON* variables on the import path; the private copy's import
+# directory goes after site-packages, so nothing dropped there can stand in for a library module.
+BOOT = "import sys; sys.path.append(sys.argv[1]); from evaluate_kernel.worker import main; main()"
+
 
 class _Worker:
-    """A subprocess running eval_worker.py: own session, scrubbed env, stdout to its own log.
+    """A subprocess running worker.main(): own session, scrubbed env, stdout to its own log.
 
     Results travel on a private pipe, never on stdout, and every message must carry the job's nonce, so text
     the candidate prints cannot pose as a result (it goes to the log only). The worker's environment
     carries a marker, so kill() finds what it started however it was started (eval_sandbox.py).
     """
 
-    def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, script: str | None = None,
+    def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
                  mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None):
         r, w = os.pipe()
         self.log_path = log_path
         self.mark = mark or f"pv{secrets.token_hex(8)}"
         self.namespace = namespace
         self._log = open(log_path, "ab")
-        script = script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_worker.py")
-        # -I: no script directory, user site or PYTHON* variables on the import path (eval_worker.py adds
-        # its own directory after site-packages); -B: nothing written beside the code. In a namespace the
-        # worker cannot see our pid (it checks for 0 instead).
+        code_dir = code_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # -B: nothing written beside the code. In a namespace the worker cannot see our pid (it checks for 0).
         parent = 0 if namespace else os.getpid()
-        argv = [sys.executable, "-I", "-B", script, "--worker", str(w)] + (["warm", str(parent)] if warm else [])
+        argv = [sys.executable, "-I", "-B", "-c", BOOT, code_dir, "--worker", str(w)] + (
+            ["warm", str(parent)] if warm else [])
         self.proc = subprocess.Popen(
             namespace.wrap(argv) if namespace else argv,
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),

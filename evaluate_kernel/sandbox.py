@@ -43,18 +43,23 @@ import tempfile
 from dataclasses import dataclass, field
 
 MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
-CODE_FILES = ("evaluate_kernel.py", "eval_build.py", "eval_common.py", "eval_device.py", "eval_inputs.py",
-              "eval_figures.py", "eval_protocol.py", "eval_run.py", "eval_sandbox.py", "eval_screen.py", "eval_timing.py",
-              "eval_worker.py", "light_headers.py", "fast_nvcc.py")
+PACKAGE = "evaluate_kernel"
+
+
+def code_files(source_dir: str) -> list[str]:
+    """The package's modules: every .py file of its folder (nothing kept by hand, so none goes missing)."""
+    return sorted(n for n in _listdir(source_dir) if n.endswith(".py"))
 
 
 class PrivateCode:
-    """A private, hash-checked copy of the evaluator's code for the workers to run from."""
+    """A private, hash-checked copy of the evaluator's package for the workers to run from: root/code is
+    put on a worker's import path and holds only the package's folder, root/code/evaluate_kernel."""
 
     def __init__(self, root: str, source_dir: str | None = None):
         self.source_dir = source_dir or os.path.dirname(os.path.abspath(__file__))
-        self.dir = os.path.join(root, "code")
-        self.files = {name: _read_bytes(os.path.join(self.source_dir, name)) for name in CODE_FILES}
+        self.import_dir = os.path.join(root, "code")
+        self.dir = os.path.join(self.import_dir, PACKAGE)
+        self.files = {name: _read_bytes(os.path.join(self.source_dir, name)) for name in code_files(self.source_dir)}
         self.files = {name: data for name, data in self.files.items() if data is not None}
         self.digests = {name: hashlib.sha256(data).digest() for name, data in self.files.items()}
         self.originals = dict(self.digests)  # the original files as last seen
@@ -66,7 +71,8 @@ class PrivateCode:
     def problems(self) -> list[str]:
         """What changed since start: the private copy (undone here) or the original files (reported)."""
         out = []
-        extra = sorted(set(_listdir(self.dir)) - set(self.files))
+        extra = sorted(set(_listdir(self.dir)) - set(self.files)) + [
+            n for n in _listdir(self.import_dir) if n != PACKAGE]
         if extra or any(_digest(self.path(n)) != d for n, d in self.digests.items()):
             # The whole tree: a package dropped beside the code (json/, say) is tampering like an edit.
             what = f" (extra names: {', '.join(extra[:5])})" if extra else ""
@@ -80,6 +86,11 @@ class PrivateCode:
         return out
 
     def _write(self) -> None:
+        os.makedirs(self.import_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.import_dir, 0o700)
+        for name in os.listdir(self.import_dir):
+            if name != PACKAGE:
+                _remove_any(os.path.join(self.import_dir, name))
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         os.chmod(self.dir, 0o700)
         for name in os.listdir(self.dir):
@@ -94,6 +105,7 @@ class PrivateCode:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         os.chmod(self.dir, 0o500)
+        os.chmod(self.import_dir, 0o500)
 
 
 @dataclass

@@ -5,7 +5,7 @@ PyTorch reference of a KernelBench problem. The search optimises whatever number
 its job is to make that number honest. Public flow, Evaluator.evaluate():
 
     screen (eval_screen.py) -> build (builder worker) -> check (runner's trials, judged by the reference
-    worker) -> time (runner, bounded by this process's clock) -> verdict (eval_run.py)
+    worker) -> time (runner, bounded by this process's clock) -> verdict (evaluation.py)
 
 Trust boundary. The candidate's code runs in two processes, the builder (no GPU) and the runner, and it can
 do anything there: patch any function of the harness code loaded in that process (`import __main__`,
@@ -29,8 +29,8 @@ file its user may write. So nothing the parent believes rests on that process's 
   same on both sides and cancels) is details["timing"]["host_ms_per_call"]. Less the rounds' noise and
   divided by 1 + host_margin (5% on a GPU, 10% on the CPU) it is a floor under the runtime, so figures the
   runner forges lower its runtime by at most that. The runner's CPU time (/proc, all its threads and
-  processes) must fit the cores allowed over its own rounds (eval_run._cpu_check) and be near zero while
-  the reference is timed (eval_run._quiet); the reference's rounds and paired figure count at most
+  processes) must fit the cores allowed over its own rounds (evaluation._cpu_check) and be near zero while
+  the reference is timed (evaluation._quiet); the reference's rounds and paired figure count at most
   1 + max_drift times their values at the start (10% on a GPU, 2x on the CPU), so slowing the reference
   buys little. Event samples must also fit in the event phase's wall time and, on a GPU, lie within
   host_ratio of the host figure;
@@ -62,7 +62,7 @@ a namespace, a process that both clears its environment and leaves its worker's 
 the runner can signal the reference worker (its death then rejects the candidate), and a marker key made
 by a namespaced Evaluator while this one runs is readable by its candidates until it closes.
 
-Runtime (eval_timing.py measures, eval_figures.runtime_figures decides): (a) GPU time, KernelBench's protocol
+Runtime (eval_timing.py measures, figures.runtime_figures decides): (a) GPU time, KernelBench's protocol
 (synchronise, L2 flush, start event, the call, end event on its stream) with a lead (eval_timing._GpuHold:
 every SM's warp slots held for lead_ms before the start event) that hides the host's launch latency;
 (b) KernelBench's protocol as published, for the record; (c) the steady-state cost of back-to-back calls
@@ -91,19 +91,16 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import eval_figures
-import eval_run
-from eval_build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
-from eval_common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
-from eval_device import _cuda_count, _Device, gpu_lock_path, physical_gpu
-from eval_protocol import _Worker
-from eval_sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
+from . import figures
+from . import evaluation
+from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
+from .common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
+from .device import _cuda_count, _Device, gpu_lock_path, physical_gpu
+from .protocol import _Worker
+from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
                           namespace_problem, private_root, python_dirs)
-from eval_screen import RULES, ScreenVerdict, rules_markdown, screen
+from .screen import RULES, ScreenVerdict, rules_markdown, screen
 
-__all__ = ["Evaluator", "EvalResult", "Options", "STATUSES", "RULES", "ScreenVerdict", "evaluate", "screen",
-           "rules_markdown", "compare_outputs", "scrubbed_env", "source_hash", "arch_list_for",
-           "trim_compiler_output", "physical_gpu", "gpu_lock_path", "FULL_HEADER_RETRY", "default_cache_dir"]
 
 
 def evaluate(reference_src: str, candidate_src: str, *, device: str = "cuda", **options) -> EvalResult:
@@ -146,7 +143,7 @@ class Evaluator:
         # Builder and runner (the processes that run candidate code) start in a namespace where one works.
         problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
         self._key_dir = os.path.abspath(key_dir or default_key_dir())
-        read_only = [self._code.dir, self._code.source_dir, *python_dirs(), *self.import_dirs]
+        read_only = [self._code.import_dir, self._code.source_dir, *python_dirs(), *self.import_dirs]
         if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
@@ -205,7 +202,7 @@ class Evaluator:
             baseline = self._baseline(dev)
             tampered, ref_deaths = self._tamper_events, dev.ref_deaths
             try:
-                result = eval_run.run(self, candidate_src, h, dev, details)
+                result = evaluation.run(self, candidate_src, h, dev, details)
             except RuntimeError:
                 if dev.ref_deaths == ref_deaths:
                     raise
@@ -219,8 +216,8 @@ class Evaluator:
             with self._state_lock:
                 dev.pending -= 1
         if result.status == "ok":
-            eval_figures.paired_speedup(result, baseline["median_ms"], self._max_drift())
-            eval_run.physical_checks(self, result, dev)
+            figures.paired_speedup(result, baseline["median_ms"], self._max_drift())
+            evaluation.physical_checks(self, result, dev)
         if "tampering" in details.get("build_note", ""):
             result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
         result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
@@ -365,10 +362,10 @@ class Evaluator:
         cfg = self._build_cfg()
         if not cfg["use_pch"]:
             return "off"
-        script = ("import sys; sys.path.append(sys.argv[1]); import eval_build; "
-                  "from torch.utils import cpp_extension as ce; eval_build._ensure_pch(ce, [], sys.argv[2])")
+        script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
+                  "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
         try:
-            proc = subprocess.run([sys.executable, "-c", script, self._code.dir, cfg["pch_lock"]],
+            proc = subprocess.run([sys.executable, "-c", script, self._code.import_dir, cfg["pch_lock"]],
                                   env=self._env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
                                   timeout=self.opts.build_timeout_s)
         except subprocess.TimeoutExpired:
@@ -384,7 +381,7 @@ class Evaluator:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
         (builders and runners: they run candidate code) start in the namespace when there is one."""
         self._check_code()
-        return _Worker(env, log_path, warm=warm, script=self._code.path("eval_worker.py"),
+        return _Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
                        namespace=self._namespace if warm else None, cpus=self._other_cpus if warm else None)
 
     def _spawn_warm(self, env: dict[str, str], log_path: str) -> _Worker:
@@ -487,7 +484,7 @@ class Evaluator:
             return cached
         with dev.lock:
             if dev.baseline is None:
-                res = eval_run.run(self, None, "baseline", dev, {"flags": []}, locked=True)
+                res = evaluation.run(self, None, "baseline", dev, {"flags": []}, locked=True)
                 if res.status != "ok":
                     raise RuntimeError(f"the reference itself failed to run: {res.status}: {res.message}")
                 dev.baseline = {**res.details.get("timing", {}), "median_ms": res.runtime_ms}

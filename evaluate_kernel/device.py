@@ -12,7 +12,7 @@ import signal
 import tempfile
 import threading
 
-from eval_protocol import _Worker
+from .protocol import _Worker
 
 class _Device:
     """One timing slot: a GPU (or the CPU), its reference worker, its lock and its cached baseline."""

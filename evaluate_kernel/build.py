@@ -15,7 +15,7 @@ import shlex
 import sys
 from typing import Any
 
-from eval_common import _read, _remove
+from .common import _read, _remove
 
 def arch_list_for(capability: tuple[int, int]) -> str:
     # Build SASS only for the GPU present, no PTX: one device pass less, nothing to JIT at load time.
@@ -157,7 +157,7 @@ def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir:
             return original(*args, **kw)
     else:
         try:
-            import light_headers
+            from . import light_headers
         except ImportError:  # evaluate_kernel.py copied without its companion: torch's headers as they are
             return original(*args, **kw)
         light_dir = os.path.join(build_dir, "pacevolve-headers")

@@ -1,34 +1,27 @@
-"""The worker roles: builder, runner (the candidate's process) and reference worker. Run as a script.
+"""The worker roles: builder, runner (the candidate's process) and reference worker.
 
-`python eval_worker.py FD [warm PARENT_PID]` reads jobs on stdin and answers on pipe FD (eval_protocol.py
+`python -I -B -c BOOT CODE_DIR --worker FD [warm PARENT_PID]` (protocol.BOOT: CODE_DIR, the private copy's
+import directory, goes on the path, then main() here) reads jobs on stdin and answers on pipe FD (protocol.py
 has the table of message kinds). The builder and runner execute untrusted code; the reference worker never
 does, and computes every reference output and every comparison.
 """
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__":
-    # Started with `python -I` (no script directory, no user site, no PYTHON* variables): the private code
-    # directory and the import directories go after the standard library and site-packages, so a module
-    # dropped there cannot stand in for a library one (PrivateCode also rejects any extra name there).
-    sys.path += [os.path.dirname(os.path.abspath(__file__))] + [
-        d for d in os.environ.get("PACEVOLVE_EVAL_PATH", "").split(os.pathsep) if d]
-
 import fcntl
 import json
+import os
+import sys
 import threading
 import time
 import traceback
 from typing import Any
 
-from eval_build import _exec_source, _install_build_defaults
-from eval_common import _flat, compare_outputs, output_digest
-from eval_inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
+from .build import _exec_source, _install_build_defaults
+from .common import _flat, compare_outputs, output_digest
+from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                          _setup_torch, _short_traceback, _sync)
-from eval_protocol import _LineReader, _check_parent
-from eval_timing import _make_hold, _reset_persisting_l2, _time_model, host_round, time_reference
+from .protocol import _LineReader, _check_parent
+from .timing import _make_hold, _reset_persisting_l2, _time_model, host_round, time_reference
 
 class _Guard:
     """Identity of timing/comparison functions and thread counts, captured before the candidate is imported.
@@ -406,9 +399,14 @@ def _pin_all_threads(cpus: list[int]) -> None:
         except OSError:
             pass
 
-def _worker_main() -> None:
+def main() -> None:
+    """Entry point of every worker process (argv: CODE_DIR --worker FD [warm PARENT_PID])."""
+    # Started with `python -I` (no script directory, no user site, no PYTHON* variables): the import
+    # directories go after the standard library and site-packages, as the private code did (protocol.BOOT),
+    # so a module dropped there cannot stand in for a library one.
+    sys.path += [d for d in os.environ.get("PACEVOLVE_EVAL_PATH", "").split(os.pathsep) if d]
     _become_subreaper()
-    fd = int(sys.argv[2])
+    fd = int(sys.argv[3])
     chan = os.fdopen(fd, "wb", buffering=0)
     stdin = _LineReader()
     nonce_box: dict = {}
@@ -416,9 +414,9 @@ def _worker_main() -> None:
     def send(msg: dict) -> None:
         chan.write((json.dumps(dict(msg, nonce=nonce_box["n"])) + "\n").encode())
 
-    if sys.argv[3:4] == ["warm"]:
+    if sys.argv[4:5] == ["warm"]:
         # A spare pays for the torch import while the previous candidate runs; CUDA waits for "prep".
-        _check_parent(int(sys.argv[4]))
+        _check_parent(int(sys.argv[5]))
         import torch  # noqa: F401
         import torch.utils.cpp_extension  # noqa: F401
     job = stdin.readline()
@@ -466,6 +464,3 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         pass
-
-if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--worker":
-    _worker_main()
