@@ -372,17 +372,19 @@ class _Page:
                 ("written from", self._parent_text(c))]
         if c.children:
             rows.append(("programs written from it", ", ".join(self._prog_link(p) for p in c.children)))
-        if t:
-            rows.append(("timing", f"median {_num(t.get('median_ms'))} ms of {len(t.get('samples_ms') or [])} "
-                                   f"calls, IQR {_num(t.get('iqr_ms'))} ms, host {_num(t.get('host_ms_per_call'))} "
-                                   f"ms/call, {_e(t.get('bound') or '')}-bound"))
+        if t.get("pairs"):
+            low, high = t.get("interval") or (None, None)
+            rows.append(("timing", f"{_num(t.get('runtime_ms'))} ms per call, the reference {_num(t.get('baseline_ms'))} "
+                                   f"ms beside it: {_num(t.get('speedup'))}x (95% interval {_num(low)}-{_num(high)}) "
+                                   f"from {t['pairs']} pairs of batches of {t.get('calls_per_batch')} calls, "
+                                   f"by {_e(t.get('clock') or 'the parent')}"))
         trials = d.get("trials") or []
         if trials:
             worst = max((x.get("rel_l2") or 0) for x in trials)
             rows.append(("correctness", f"{sum(bool(x.get('ok')) for x in trials)} of {len(trials)} input sets "
                                         f"within tolerance; worst relative L2 error {worst:.2g}"))
-        cost = ", ".join(f"{name} {d[k]:.3g} s" for k, name in (("build_wall_s", "build"), ("check_s", "checking"),
-                                                               ("time_s", "timing")) if isinstance(d.get(k), (int, float)))
+        cost = ", ".join(f"{name} {d[k]:.3g} s" for k, name in (("build_wall_s", "build"), ("time_s", "checking and timing"))
+                         if isinstance(d.get(k), (int, float)))
         if cost:
             rows.append(("cost", cost))
         src = self._source(c.id)

@@ -171,11 +171,10 @@ def measure_reference(make_evaluator, rd: rundir_mod.RunDir, task: tasks.Task, c
             raise err
         raise SetupError(f"the reference does not run on {device}: {_reference_problem(err)}")
     evaluator, ms = result["evaluator"], result["ms"]
-    # peak memory when the evaluator reports it (an optional `baseline_info() -> {"peak_bytes": ...}`)
+    # the protocol's self-check when the evaluator reports it (the reference timed as a candidate: ~1x)
     info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
-    peak = (f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB ({info.get('peak_kind', 'peak')})"
-            if info.get("peak_bytes") else "")
-    say(f"reference: {ms:.4g} ms per call{peak} (started and measured in {time.time() - t0:.1f} s)")
+    check = (f"; timed as a candidate it reads {info['self_check']:.3f}x" if info.get("self_check") else "")
+    say(f"reference: {ms:.4g} ms per call{check} (started and measured in {time.time() - t0:.1f} s)")
     if not cached:
         rd.store_eval(key, {"baseline_ms": ms})
     return evaluator, ms

@@ -16,6 +16,11 @@ from typing import Any
 
 STATUSES = ("ok", "invalid", "compile_error", "runtime_error", "incorrect", "timeout", "rejected")
 
+
+class EvaluatorError(RuntimeError):
+    """The evaluator itself failed (closed meanwhile, its reference could not run): no verdict about the
+    candidate, so nothing to store as one."""
+
 # ======================================================================================================
 # Result type
 # ======================================================================================================
@@ -126,32 +131,47 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
     return worst
 
 
-def call_seed(seed: int, i: int) -> int:
-    """The input seed of timed call i in a batch whose seed the parent sent when the batch started."""
-    return int(hashlib.sha256(f"{seed}:{i}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 256 << 20) -> list[int]:
+    """A 64-bit commitment to the exact bits of each call's outputs (calls: one list of tensors per call).
 
-
-def output_digest(outs: list, weights: dict | None = None):
-    """A 64-bit commitment to the exact bits of a call's outputs, as a 0-d int64 tensor on their device.
-
-    Sum over elements of bits * w (w odd, from the element's index), in int64, per output, mixed across
-    outputs: one pass over the output on its device, no copy to the host, exact on any device. The runner
-    sends the digests of all calls before the parent says which outputs to ship; the reference worker
-    recomputes the digest of what was shipped, so an output shipped later must be bit-identical to the one
-    that existed when its digest was sent. `weights` caches w per (size, device).
+    Per output k: the sum over its elements of bits * w (w odd, from the element's index), in int64 (wrapping,
+    so the order of the sum does not matter), times 2k + 3; a call's digest is the sum over its outputs. One
+    pass over the outputs on their device, no copy to the host, exact on any device. Calls whose outputs
+    have the same shapes and dtypes are stacked (chunk_bytes of outputs at a time), so a batch of n calls
+    costs a few kernels, not a few per call; a single call's digest is the same number. The runner sends
+    them before the parent names the outputs it will check, and the reference worker recomputes the digest
+    of what was shipped: an output shipped later must be bit-identical to the one that existed then.
+    `weights` caches w per (size, device).
     """
     import torch
     weights = {} if weights is None else weights
-    total = None
-    for k, o in enumerate(outs):
-        bits = _bits(o.detach().contiguous().reshape(-1))
-        key = (bits.numel(), str(bits.device))
-        if key not in weights:
-            idx = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device)
-            weights[key] = ((idx * 0x1E3779B97F4A7C15 + 0x232BE59BD9B4E019) >> 17) | 1
-        d = (bits.to(torch.int64) * weights[key]).sum() * (2 * k + 3)
-        total = d if total is None else total + d
-    return total if total is not None else torch.zeros((), dtype=torch.int64)
+    out: list[int] = [0] * len(calls)
+    groups: dict[tuple, list[int]] = {}
+    for i, outs in enumerate(calls):
+        groups.setdefault(tuple((tuple(o.shape), o.dtype, str(o.device)) for o in outs), []).append(i)
+    for signature, members in groups.items():
+        size = max(1, sum(o.numel() * 16 for o in calls[members[0]]))   # the int64 products, with headroom
+        step = max(1, chunk_bytes // size)
+        for start in range(0, len(members), step):
+            chunk = members[start:start + step]
+            total = None
+            for k in range(len(signature)):
+                bits = _bits(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
+                key = (bits.shape[1], str(bits.device))
+                if key not in weights:
+                    idx = torch.arange(bits.shape[1], dtype=torch.int64, device=bits.device)
+                    weights[key] = ((idx * 0x1E3779B97F4A7C15 + 0x232BE59BD9B4E019) >> 17) | 1
+                d = (bits.to(torch.int64) * weights[key]).sum(dim=1) * (2 * k + 3)
+                total = d if total is None else total + d
+            values = total.tolist() if total is not None else [0] * len(chunk)
+            for i, v in zip(chunk, values):
+                out[i] = int(v)
+    return out
+
+
+def output_digest(outs: list, weights: dict | None = None) -> int:
+    """digests() of one call."""
+    return digests([list(outs)], weights)[0]
 
 
 def _bits(flat):
@@ -174,44 +194,25 @@ class Options:
     trials: int = 7  # correctness input sets; the last one re-seeds and perturbs the weights
     build_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
-    warmup: int = 5
-    warmup_ms: float = 50.0  # and at least this much warm-up work (GPU clocks ramp up; the trials ran just before)
     warm_runners: bool = True  # start runner processes ahead of need (torch imported, CUDA up)
     spare_runners: int = 3  # per device, when the runner has a core of its own (else 1)
     prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials (0: off)
     inputs_on_device: bool = True  # get_inputs() draws on the timing device (False: on the CPU, then copied)
-    pin_cpus: bool = True  # a reserved core per device runner when there are enough cores
-    isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (eval_sandbox.py)
-    timing_iters: int = 100
-    verify_calls: int = 3  # timed calls whose outputs are checked against the reference (chosen afterwards),
-    # besides one call of every host round
-    host_calls: int = 10  # calls back to back per host round, each on inputs of its own ...
-    host_rounds: int = 4  # at least this many; more, up to host_rounds_max, while the reference's two
-    host_rounds_max: int = 4  # fastest rounds differ by more than host_settle (a loaded machine: the floor's
-    host_settle: float = 0.03  # noise allowance is that difference); off by default: with 12, a slow
-    # candidate's run took 45 s+ on the loaded 2-core machine, and the CPU-time floor already holds there
-    host_bytes: int = 1 << 30  # ... while the round's input sets fit in this
-    keep_bytes: int = 1 << 30  # timed outputs the runner keeps for shipping; beyond, it computes them again
+    pin_cpus: bool = True  # cores of its own for each device's runner when there are enough
+    isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (sandbox.py)
+    # Timing (clock.py): batches of back-to-back calls, alternating reference and candidate ...
+    batch_ms: float = 20.0  # ... each lasting about this long on the faster side ...
+    max_batch_ms: float = 250.0  # ... and at most this long on the slower one ...
+    batch_bytes: int = 0  # ... its inputs and outputs within this (0: 4 GiB on a GPU, 512 MiB on the CPU);
+    min_pairs: int = 6  # counted pairs before the interval may stop the timing ...
+    max_pairs: int = 40  # ... and at most this many
+    target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: 0.5% on a
+    # GPU, 2% on the CPU) ...
+    timing_s: float = 10.0  # ... or after this long
+    verify_per_batch: int = 1  # calls per candidate batch whose outputs are checked (chosen after its digests)
+    probe_ms: float = 0.2  # a trivial kernel slower than this (or 4x its idle time) after a batch: GPU busy
+    drain_s: float = 5.0  # the GPU must be idle this soon after the candidate's batch ends
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
-    steady_ms: float = 20.0  # (c): each back-to-back pass lasts about this long ...
-    steady_passes: int = 1  # ... this many after each block of event calls; the best counts ...
-    steady_sets: int = 4  # ... cycling through this many input sets
-    steady_min_calls: int = 10
-    steady_max_calls: int = 2000
-    paired_reference: bool = True  # time the reference in blocks between the candidate's; speedup from that pair
-    timing_blocks: int = 4  # the candidate's event calls in this many blocks, with the reference's around them
-    gpu_busy_ms: float = 1.0  # a trivial kernel of the reference worker's waiting longer: the GPU was busy
-    # (the candidate's leftover work, another user) around a reference block or round, which then does not count
-    max_drift: float | None = None  # the paired reference counts up to this much above the start's baseline
-    # (None: 0.10 on a GPU, 1.0 on the CPU)
-    host_margin: float | None = None  # the runtime is at least the host rounds' figure / (1 + this) (None:
-    # 0.05 on a GPU, 0.10 on the CPU)
-    host_ratio: float | None = None  # reject if event median * host_ratio < host per-call time (None: 3 on
-    # a GPU, 10 on the CPU, where the host rounds share the cores with everything else) ...
-    host_slack_ms: float = 0.05  # ... and the gap exceeds this (launch overhead on tiny kernels)
-    lead_ms: float = 0.5  # the GPU held (_GpuHold) between the L2 flush and the start event; 0: KernelBench's protocol
-    tail_ms: float = 0.05  # median device time after the call's stream finished, less the host's own delay:
-    # above this, work was left on another stream
     max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
     allow_tf32: bool = False
     cpu_threads: int = 1
@@ -220,7 +221,6 @@ class Options:
     use_pch: bool = True
     light_headers: bool = True  # .cu files try light_headers.py's cut-down torch headers first, then the real ones
     fast_nvcc: bool = True  # nvcc's host and device front ends side by side (fast_nvcc.py)
-    flush_bytes: int = 256 << 20
     poison_bytes: int = 1 << 30
     peak_bytes_per_s: float | None = None
     peak_flops: float | None = None
@@ -239,8 +239,7 @@ class Options:
                     isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0)
             if not ok:
                 raise ValueError(f"Options.{f.name} must be {_kind(default)}, not {value!r}")
-        for name in ("trials", "timing_iters", "timing_blocks", "host_calls", "host_rounds", "steady_passes",
-                     "steady_sets", "steady_min_calls", "cpu_threads"):
+        for name in ("trials", "min_pairs", "max_pairs", "verify_per_batch", "cpu_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Options.{name} must be at least 1, not {getattr(self, name)}")
 

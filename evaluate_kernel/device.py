@@ -1,7 +1,7 @@
 """Parent side, per device: the reference worker, the spare runners, the device's locks and baseline.
 
-Nothing here imports candidate code; it starts and stops worker processes (eval_protocol.py) and keeps
-the state one timing slot needs.
+Nothing here imports candidate code; it starts and stops worker processes (protocol.py) and keeps the
+state one timing slot needs.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import signal
 import tempfile
 import threading
 
-from .protocol import _Worker
+from .protocol import Worker
 
-class _Device:
+class Device:
     """One timing slot: a GPU (or the CPU), its reference worker, its lock and its cached baseline."""
 
     def __init__(self, ev: "Evaluator", index: int):
@@ -24,28 +24,27 @@ class _Device:
         self.baseline: dict | None = None
         self.ev = ev
         self.physical = physical_gpu(index)
-        self.ref: _Worker | None = None
+        self.ref: Worker | None = None
         self.ref_lock = threading.Lock()
-        self.clean_timing: dict | None = None  # the reference's host round during the baseline's run
         self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
         self.info = self._start_ref()
         # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
         # the others only import torch. A new evaluation then starts with a ready process.
-        self.spares: list[_Worker] = []
-        self.pinned = ev._runner_cpus[0] is not None
+        self.spares: list[Worker] = []
+        self.pinned = ev.pinned
         if ev.opts.warm_runners:
             self.spares = [self._spawn()]
             self._prep(self.spares[0], self.gpu_lock_path)  # no lock held here: the spare takes it itself
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> Worker:
         """A runner process that imports torch at once, on the cores not reserved for timing."""
-        return self.ev._spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"))
+        return self.ev.spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"))
 
-    def _prep(self, w: _Worker, lock_path: str | None) -> None:
-        w.send(self.ev._job("prep", device=self.ev._torch_device(), gpu_lock=lock_path))
+    def _prep(self, w: Worker, lock_path: str | None) -> None:
+        w.send(self.ev.job("prep", device=self.ev.torch_device(), gpu_lock=lock_path))
         w.prepped = True
 
-    def take_runner(self) -> _Worker:
+    def take_runner(self) -> Worker:
         """A fresh runner for one evaluation; called with the GPU's lock held."""
         while self.spares and self.spares[0].proc.poll() is not None:
             dead = self.spares.pop(0)
@@ -58,7 +57,7 @@ class _Device:
         return w
 
     def _top_up(self, prep: bool = True) -> None:
-        if self.ev.opts.warm_runners and not self.ev._closed:
+        if self.ev.opts.warm_runners and not self.ev.closed:
             # Importing torch takes a few seconds, an evaluation of a built candidate about one: several
             # spares start side by side on the other cores, so back-to-back evaluations never wait for one.
             depth = max(1, self.ev.opts.spare_runners) if self.pinned else 1
@@ -89,15 +88,6 @@ class _Device:
             self.spares.pop(0)
             w.discard()
 
-    def pause_spares(self, pause: bool = True) -> None:
-        """Stop starting spares (SIGSTOP) for the timed window: importing torch is seconds of CPU and memory
-        traffic that the timing should not share the machine with; SIGCONT resumes them."""
-        for w in self.spares:
-            try:
-                os.killpg(w.proc.pid, signal.SIGSTOP if pause else signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
-
     def close(self) -> None:
         for w in self.spares:
             w.discard()
@@ -105,13 +95,12 @@ class _Device:
 
     def env(self) -> dict[str, str]:
         extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
-        return self.ev._env(**extra)
+        return self.ev.env(**extra)
 
     def _start_ref(self) -> dict:
-        self.ref = self.ev._new_worker(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
-        self.ref.send(self.ev._job("ref", device=self.ev._torch_device(), cpus=self.ev._other_cpus,
-                                   on_device=self.ev.opts.inputs_on_device, host_calls=self.ev.opts.host_calls,
-                                   host_bytes=self.ev.opts.host_bytes))
+        self.ref = self.ev.new_worker(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
+        self.ref.send(self.ev.job("ref", device=self.ev.torch_device(), cpus=self.ev.other_cpus,
+                                  on_device=self.ev.opts.inputs_on_device))
         try:
             return self.ref.recv(timeout=300)
         except (TimeoutError, EOFError) as e:
@@ -147,6 +136,11 @@ class _Device:
                 raise RuntimeError("reference worker died") from None
 
     @property
+    def ref_ms(self) -> float | None:
+        """The reference's time per call, from the baseline's run (None until it ran): it sizes batches."""
+        return (self.baseline or {}).get("baseline_ms")
+
+    @property
     def gpu_lock_path(self) -> str:
         return gpu_lock_path(self.ev.device, self.physical)
 
@@ -162,7 +156,7 @@ def gpu_lock_path(device: str, physical: str) -> str:
     """An fcntl lock per physical GPU, so two evaluator processes on one machine also take turns."""
     return os.path.join(tempfile.gettempdir(), f"pacevolve-{device}{physical}.lock")
 
-class _NullCtx:
+class NullCtx:
     def __enter__(self):
         return self
 
@@ -170,7 +164,7 @@ class _NullCtx:
         return False
 
 
-class _FileLock:
+class FileLock:
     def __init__(self, path: str):
         self.path = path
 

@@ -1,80 +1,14 @@
-"""Compile, verify and time a candidate kernel against a KernelBench reference, in isolation.
+"""The Evaluator: one per task. It screens, builds, checks and times candidates against the task's
+PyTorch reference, on one or more devices, and returns an EvalResult per candidate.
 
-PACEvolve (paper section 4, "Kernel optimisation" experiments) scores a candidate by its speedup over the
-PyTorch reference of a KernelBench problem. The search optimises whatever number this module returns, so
-its job is to make that number honest. Public flow, Evaluator.evaluate():
+Public flow, Evaluator.evaluate():
 
-    screen (eval_screen.py) -> build (builder worker) -> check (runner's trials, judged by the reference
-    worker) -> time (runner, bounded by this process's clock) -> verdict (evaluation.py)
+    screen (screen.py) -> build (a builder worker, no GPU) -> Evaluation(...).run() (evaluation.py: trials,
+    timing by this process's clock, verification) -> the evaluator's own checks (its code unchanged, its
+    reference worker alive) -> physical checks
 
-Trust boundary. The candidate's code runs in two processes, the builder (no GPU) and the runner, and it can
-do anything there: patch any function of the harness code loaded in that process (`import __main__`,
-builtins, torch, random), forge or suppress any message the process sends, start processes, write any
-file its user may write. So nothing the parent believes rests on that process's word:
-
-* correctness: the runner only ships outputs; the reference worker, which never imports candidate code,
-  computes reference outputs from the same seeds and does every comparison (eval_common.compare_outputs:
-  non-finite values must match exactly, the finite part meets both bounds; no check can skip itself);
-  a trial that cannot run as specified (parameter names that differ from the reference's) fails;
-* timed inputs: drawn in every call from a seed this process sends only when timing starts (and a fresh one
-  for every host round), so nothing seen during the trials predicts them; no two calls share contents;
-* completion: after every timed call the runner sends a digest of its outputs' bits (eval_common.
-  output_digest); only after all calls does this process pick which calls to ship, and the reference worker
-  checks that the shipped outputs are right and have the committed digests. A call whose work was
-  skipped, cached, deferred or done lazily on inspection fails; an empty or short verification fails;
-* time: the runtime is bounded by this process's clock: host rounds (N calls back to back on fresh inputs,
-  bracketed by this process's own "go" and the round's digests, which cannot be sent before the work
-  exists) alternate with the same rounds on the reference in the reference worker, on the same core; the
-  reference's runtime plus the difference of the fastest rounds per call (the rounds' bookkeeping is the
-  same on both sides and cancels) is details["timing"]["host_ms_per_call"]. Less the rounds' noise and
-  divided by 1 + host_margin (5% on a GPU, 10% on the CPU) it is a floor under the runtime, so figures the
-  runner forges lower its runtime by at most that. The runner's CPU time (/proc, all its threads and
-  processes) must fit the cores allowed over its own rounds (evaluation._cpu_check) and be near zero while
-  the reference is timed (evaluation._quiet); the reference's rounds and paired figure count at most
-  1 + max_drift times their values at the start (10% on a GPU, 2x on the CPU), so slowing the reference
-  buys little. Event samples must also fit in the event phase's wall time and, on a GPU, lie within
-  host_ratio of the host figure;
-* the speedup's other side: the reference is timed by the reference worker, in blocks between the
-  candidate's blocks (same device, same core, same minutes), so a change in the machine's load moves
-  both; a block around which the GPU was found busy (a trivial kernel of the reference worker's waited
-  longer than gpu_busy_ms: work left on a side stream) does not count; the baseline measured at start is
-  kept as details["baseline_start_ms"];
-* code: workers start with `python -I -B` from a private copy of this code (eval_sandbox.PrivateCode),
-  whose whole tree is hash-checked before every worker starts and after every build and run; a change or
-  an extra name there, or a change to the original files, rejects the candidate whose process was running
-  (the copy is restored, the spares that may have read it discarded). A reference-worker death during an
-  evaluation rejects the candidate; a build's files are hash-checked before a cached build is reused
-  (eval_sandbox.library_digest: whatever a runner loads or ninja relinks from). The digest is kept in
-  memory; a later Evaluator believes the BUILT marker in the writable cache only if it carries an
-  HMAC-SHA256 over (source hash, digest) under a per-user key (eval_sandbox.BuildSeal) kept outside the
-  cache in a directory the namespace hides; without a namespace the key is deleted, markers are not
-  signed, and only this Evaluator's own builds are reused (details["build_note"] says why it rebuilt);
-* processes: builder and runner start in a PID + mount namespace where one can be made (eval_sandbox.
-  Namespace: everything in it dies with it, the evaluator's processes are invisible, code, source and the
-  Python installation read-only, the marker key hidden; details["isolation"] says whether it applied); in
-  any case everything a worker started is found (descendants, the worker being a child subreaper, and an
-  environment marker) and killed when its job ends; the baseline is measured before any build.
-
-The static screen stays as a fast first filter with clear messages; no verdict depends on it alone. What
-is not protected: the cache directory and files outside the read-only directories stay writable (so a
-runner alive while another candidate is built can change that build before the parent hashes it); without
-a namespace, a process that both clears its environment and leaves its worker's tree escapes the sweep,
-the runner can signal the reference worker (its death then rejects the candidate), and a marker key made
-by a namespaced Evaluator while this one runs is readable by its candidates until it closes.
-
-Runtime (eval_timing.py measures, figures.runtime_figures decides): (a) GPU time, KernelBench's protocol
-(synchronise, L2 flush, start event, the call, end event on its stream) with a lead (eval_timing._GpuHold:
-every SM's warp slots held for lead_ms before the start event) that hides the host's launch latency;
-(b) KernelBench's protocol as published, for the record; (c) the steady-state cost of back-to-back calls
-on the host clock. The runtime is max(a, c) on a GPU: whichever side, GPU or host, limits the call; on
-the CPU it is (a), the 10th percentile of single calls on the host clock (load only adds time). Left out:
-profiler proof that custom kernels ran, clock locking, precision policies other than the problem's dtype.
-
-Files, by role (no import cycles): eval_common (leaf: results, options, comparison, digest), eval_screen
-(leaf), eval_protocol (the message table; the parent's handle on a worker), eval_sandbox (private code,
-process sweep), eval_build / eval_inputs / eval_timing / eval_worker (worker side, eval_worker is the
-script), eval_device, eval_run and eval_figures (parent side), and this file (Evaluator, evaluate). "Hack N" in comments
-refers to the catalogue in tests/cheats/README.md.
+What is protected and what is not: __init__.py; the reasoning: DESIGN.md. Everything here that a worker,
+a device slot or an evaluation needs from the Evaluator is a public method below ("collaborators").
 """
 from __future__ import annotations
 
@@ -91,15 +25,14 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from . import figures
 from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
-from .common import STATUSES, EvalResult, Options, _move, compare_outputs, scrubbed_env, source_hash
-from .device import _cuda_count, _Device, gpu_lock_path, physical_gpu
-from .protocol import _Worker
+from .common import EvalResult, EvaluatorError, Options, _move, scrubbed_env, source_hash
+from .device import Device, _cuda_count
+from .protocol import Worker
 from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
-                          namespace_problem, private_root, python_dirs)
-from .screen import RULES, ScreenVerdict, rules_markdown, screen
+                      namespace_problem, private_root, python_dirs)
+from .screen import screen
 
 
 
@@ -166,29 +99,33 @@ class Evaluator:
         self._build_locks: dict[str, threading.Lock] = {}
         self._state_lock = threading.Lock()
         self._closed = False
-        self._spare_builder: _Worker | None = None
+        self._spare_builder: Worker | None = None
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
-        self._helpers = ThreadPoolExecutor(thread_name_prefix="pacevolve-prepare")  # reference prepares
+        self.helpers = ThreadPoolExecutor(thread_name_prefix="pacevolve-prepare")  # reference prepares
         if gpus is None:
             gpus = list(range(_cuda_count())) if device == "cuda" else [0]
         if device == "cuda" and not gpus:
             raise RuntimeError("device='cuda' but no CUDA GPU is visible")
         self._cpu_plan(len(gpus))
-        self.devices = [_Device(self, i) for i in gpus]
+        self.devices = [Device(self, i) for i in gpus]
         cap = self.devices[0].info.get("capability")
         self._arch = arch_list_for(tuple(cap)) if cap else ""
         fast_nvcc = self._code.path("fast_nvcc.py")
         self._fast_nvcc = fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else ""
         # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
         # trusted process outside it brings the header up to date once, while the baseline is measured.
-        self._pch_ready = self._helpers.submit(self._prepare_pch) if self._namespace else None
+        self._pch_ready = self.helpers.submit(self._prepare_pch) if self._namespace else None
         if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
             for dev in self.devices:
                 self._baseline(dev)
 
     # ---------------------------------------------------------------- public API
     def evaluate(self, candidate_src: str) -> EvalResult:
+        """A verdict about the candidate; a failure of the evaluator itself (closed meanwhile, its reference
+        failing on its own) raises EvaluatorError instead, so that no caller stores it as a verdict."""
         t_start = time.monotonic()
+        if self._closed:
+            raise EvaluatorError("the evaluator is closed")
         h = source_hash(candidate_src)
         details: dict = {"source_hash": h[:16], "flags": []}
         verdict = screen(candidate_src)
@@ -196,13 +133,13 @@ class Evaluator:
             return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
         res = self._build(candidate_src, h, details)
         if res is not None:
-            return res
+            return self._checked(res)
         dev = self._pick(None)
         try:
             baseline = self._baseline(dev)
             tampered, ref_deaths = self._tamper_events, dev.ref_deaths
             try:
-                result = evaluation.run(self, candidate_src, h, dev, details)
+                result = evaluation.Evaluation(self, dev, candidate_src, h, details).run()
             except RuntimeError:
                 if dev.ref_deaths == ref_deaths:
                     raise
@@ -216,23 +153,27 @@ class Evaluator:
             with self._state_lock:
                 dev.pending -= 1
         if result.status == "ok":
-            figures.paired_speedup(result, baseline["median_ms"], self._max_drift())
+            start_ms = baseline["baseline_ms"]
+            details["baseline_start_ms"] = start_ms
+            details["baseline_drift"] = result.baseline_ms / start_ms - 1.0
             evaluation.physical_checks(self, result, dev)
         if "tampering" in details.get("build_note", ""):
             result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
-        result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index, torch=dev.info.get("torch"),
-                              cuda=dev.info.get("cuda"), wall_s=time.monotonic() - t_start)
-        return result
+        result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index,
+                              torch=dev.info.get("torch"), cuda=dev.info.get("cuda"),
+                              wall_s=time.monotonic() - t_start)
+        return self._checked(result)
 
-    def _max_drift(self) -> float:
-        if self.opts.max_drift is not None:
-            return self.opts.max_drift
-        return 0.10 if self.device == "cuda" else 1.0   # a CPU's load moves its timings by 2-4x
+    def _checked(self, result: EvalResult) -> EvalResult:
+        """A verdict reached while the evaluator was being closed is not about the candidate."""
+        if self._closed:
+            raise EvaluatorError("the evaluator was closed while this candidate was evaluated (no verdict)")
+        return result
 
     def baseline_ms(self, gpu: int | None = None) -> float:
         dev = self._pick(gpu)
         try:
-            return self._baseline(dev)["median_ms"]
+            return self._baseline(dev)["baseline_ms"]
         finally:
             with self._state_lock:
                 dev.pending -= 1
@@ -244,25 +185,38 @@ class Evaluator:
         dev = next((d for d in self.devices if gpu is None or d.index == gpu), None)
         if dev is None:
             raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
-        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes")
+        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes", "out_bytes", "probe_ms")
         return {k: v for k, v in dev.info.items() if k not in internal}
 
     # ---------------------------------------------------------------- plumbing
     def _cpu_plan(self, n_devices: int) -> None:
-        """Reserve one core per device for its runner; builds and reference workers get the rest.
+        """The cores of each device's runner (it is confined to them, and the reference is timed on them) and
+        the cores left for builds and reference workers.
 
-        Launch-bound kernels are timed partly on the host: a runner sharing its core with compilers reads
-        slower, and a baseline measured during builds would skew every speedup after it.
+        With enough cores each runner gets cpu_threads of its own (pinned): launch-bound kernels are timed
+        partly on the host, and a runner sharing its core with compilers reads slower. With fewer, runners
+        still get cpu_threads cores each (the last ones), shared with everything else: no candidate's process
+        may use more cores than the reference is timed on.
         """
         try:
             cores = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = []
-        if len(cores) >= n_devices + 2 and self.opts.pin_cpus:
-            self._runner_cpus = [[c] for c in cores[-n_devices:]]
-            self._other_cpus = cores[:-n_devices]
+        k = self.opts.cpu_threads
+        self.pinned = bool(cores) and len(cores) >= n_devices * k + 2 and self.opts.pin_cpus
+        if self.pinned:
+            self._runner_cpus = [cores[len(cores) - (i + 1) * k: len(cores) - i * k] for i in range(n_devices)]
+            self.other_cpus = cores[:len(cores) - n_devices * k]
         else:
-            self._runner_cpus, self._other_cpus = [None] * n_devices, None
+            self._runner_cpus, self.other_cpus = [cores[-k:] or None] * n_devices, None
+
+    # ---------------------------------------------------------------- collaborators (device.py, evaluation.py)
+    def runner_cpus(self, dev: Device) -> list[int] | None:
+        return self._runner_cpus[self.devices.index(dev)]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @classmethod
     def for_task(cls, task, **overrides) -> "Evaluator":
@@ -286,7 +240,7 @@ class Evaluator:
                     pass
                 dev.ref.kill()
                 dev.ref = None
-        for pool in (getattr(self, "_spawner", None), getattr(self, "_helpers", None)):
+        for pool in (getattr(self, "_spawner", None), getattr(self, "helpers", None)):
             if pool is not None:
                 pool.shutdown(wait=False)
         if getattr(self, "_seal", 0) is None:  # a key made meanwhile by another Evaluator was readable here
@@ -307,10 +261,10 @@ class Evaluator:
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    def _torch_device(self) -> str:
+    def torch_device(self) -> str:
         return "cuda:0" if self.device == "cuda" else "cpu"
 
-    def _env(self, **extra: str) -> dict[str, str]:
+    def env(self, **extra: str) -> dict[str, str]:
         threads = str(self.opts.cpu_threads)
         # Fixed glibc malloc thresholds: with the default dynamic threshold a process serves tensors either
         # from fresh mmaps (page faults every call) or from the heap, and CPU timings of the same model
@@ -325,18 +279,18 @@ class Evaluator:
                             PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
                             **malloc, **extra)
 
-    def _job(self, role: str, **kw) -> dict:
+    def job(self, role: str, **kw) -> dict:
         job = dict(role=role, reference_src=self.reference_src, allow_tf32=self.opts.allow_tf32,
                    cpu_threads=self.opts.cpu_threads)
         job.update(kw)
         return job
 
-    def _build_cfg(self) -> dict:
+    def build_config(self) -> dict:
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
                 "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock"),  # guards torch's install dir
                 "light_headers": self.opts.light_headers, "nvcc": self._fast_nvcc}
 
-    def _ext_extras(self, h: str) -> dict[str, str]:
+    def extension_env(self, h: str) -> dict[str, str]:
         # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
         extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.cache_dir, "ext", h[:16]),
                  "MAX_JOBS": str(self._max_jobs)}
@@ -344,7 +298,7 @@ class Evaluator:
             extra["TORCH_CUDA_ARCH_LIST"] = self._arch
         return extra
 
-    def _take_builder(self) -> _Worker:
+    def _take_builder(self) -> Worker:
         """A build process with torch already imported (the next one starts now); per-source settings
         (build directory, arch list) travel in the job."""
         with self._state_lock:
@@ -359,39 +313,39 @@ class Evaluator:
 
     def _prepare_pch(self) -> str:
         """Builds torch's precompiled extension.h outside the namespace (builders only find it there)."""
-        cfg = self._build_cfg()
+        cfg = self.build_config()
         if not cfg["use_pch"]:
             return "off"
         script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
                   "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
         try:
             proc = subprocess.run([sys.executable, "-c", script, self._code.import_dir, cfg["pch_lock"]],
-                                  env=self._env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+                                  env=self.env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
                                   timeout=self.opts.build_timeout_s)
         except subprocess.TimeoutExpired:
             return "timed out"
         return "ready" if proc.returncode == 0 else "failed: " + proc.stderr.strip()[-300:]
 
-    def _spawn_builder(self) -> _Worker:
+    def _spawn_builder(self) -> Worker:
         # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
-        return self._spawn_warm(self._env(CUDA_VISIBLE_DEVICES=""),
+        return self.spawn_warm(self.env(CUDA_VISIBLE_DEVICES=""),
                                 os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
 
-    def _new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> _Worker:
+    def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> Worker:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
         (builders and runners: they run candidate code) start in the namespace when there is one."""
         self._check_code()
-        return _Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
-                       namespace=self._namespace if warm else None, cpus=self._other_cpus if warm else None)
+        return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
+                       namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None)
 
-    def _spawn_warm(self, env: dict[str, str], log_path: str) -> _Worker:
+    def spawn_warm(self, env: dict[str, str], log_path: str) -> Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the
         thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived."""
-        def start() -> _Worker:
-            w = self._new_worker(env, log_path, warm=True)
-            if self._other_cpus:
+        def start() -> Worker:
+            w = self.new_worker(env, log_path, warm=True)
+            if self.other_cpus:
                 try:
-                    os.sched_setaffinity(w.proc.pid, self._other_cpus)
+                    os.sched_setaffinity(w.proc.pid, self.other_cpus)
                 except OSError:
                     pass
             return w
@@ -401,7 +355,7 @@ class Evaluator:
             return start()
 
     # ---------------------------------------------------------------- stages
-    def _pick(self, gpu: int | None) -> _Device:
+    def _pick(self, gpu: int | None) -> Device:
         with self._state_lock:  # least busy device; ties go to the lowest index
             pool = [d for d in self.devices if gpu is None or d.index == gpu]
             if not pool:
@@ -438,8 +392,8 @@ class Evaluator:
                 tampered = self._tamper_events
                 w = self._take_builder()
                 try:
-                    w.send({"role": "build", "candidate_src": src, "build": self._build_cfg(), "cpus": self._other_cpus,
-                            "env": self._ext_extras(h)})
+                    w.send({"role": "build", "candidate_src": src, "build": self.build_config(), "cpus": self.other_cpus,
+                            "env": self.extension_env(h)})
                     msg = w.recv(self.opts.build_timeout_s)
                 except TimeoutError:
                     return EvalResult("timeout", message=f"build exceeded {self.opts.build_timeout_s:.0f} s",
@@ -477,26 +431,29 @@ class Evaluator:
                 f.write(self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n")
             return None
 
-    def _baseline(self, dev: _Device) -> dict:
+    def _baseline(self, dev: Device) -> dict:
         with self._state_lock:
             cached = dev.baseline
         if cached is not None:
             return cached
         with dev.lock:
             if dev.baseline is None:
-                res = evaluation.run(self, None, "baseline", dev, {"flags": []}, locked=True)
+                res = evaluation.Evaluation(self, dev, None, "baseline", {"flags": []}, locked=True).run()
                 if res.status != "ok":
-                    raise RuntimeError(f"the reference itself failed to run: {res.status}: {res.message}")
-                dev.baseline = {**res.details.get("timing", {}), "median_ms": res.runtime_ms}
+                    raise EvaluatorError(f"the reference itself failed to run: {res.status}: {res.message}")
+                # baseline_ms: the reference worker's time per call; runner_ms: the same Model timed in a
+                # runner by the same protocol; their ratio (self_check, ~1) is the protocol's own check.
+                dev.baseline = {"baseline_ms": res.baseline_ms, "runner_ms": res.runtime_ms,
+                                "self_check": res.speedup, "interval": res.details.get("speedup_ci"),
+                                "timing": res.details.get("timing")}
         return dev.baseline
 
     def baseline_info(self, gpu: int | None = None) -> dict:
-        """The reference's measurement on a device: median_ms, peak_bytes (GPU memory allocated, or the CPU
-        process's resident set) and what the peak counts."""
+        """The reference's measurement on a device at start: median_ms (its time per call), the same Model
+        timed in a runner (runner_ms) and their ratio (self_check: the protocol's own check, close to 1)."""
         dev = self.devices[0] if gpu is None else next(d for d in self.devices if d.index == gpu)
         base = self._baseline(dev)
-        return {"median_ms": base.get("median_ms"), "peak_bytes": base.get("peak_bytes"),
-                "peak_kind": "GPU memory allocated" if self.device == "cuda" else "process resident set"}
+        return {"median_ms": base["baseline_ms"], "runner_ms": base["runner_ms"], "self_check": base["self_check"]}
 
     def _check_code(self) -> None:
         """Compare the code the workers run (and its originals) with what was read at start."""

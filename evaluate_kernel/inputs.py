@@ -75,12 +75,17 @@ def _transform(x, dist: str, gen):
     return x
 
 
-def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device):
+def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
+                 ref_params: list[tuple[str, list[int]]] | None = None):
     """KernelBench order: seed, get_init_inputs(), seed, construct; optionally perturb small parameters.
+    Returns (model on device, the reference parameters that found no counterpart).
 
-    Re-seeded weights plus perturbed biases/affine parameters stop shortcuts tuned to seed-42 weights or
-    to GroupNorm's weight=1, bias=0 (hack 18). The k-th 1-D parameter in registration order gets the k-th
-    delta in both processes, so names need not match; the shapes, returned with the names, must.
+    Re-seeded weights plus perturbed biases and norm parameters stop shortcuts tuned to seed-42 weights or
+    to GroupNorm's weight=1, bias=0. The k-th of the reference's 1-D parameters (registration order) gets
+    the k-th delta. In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
+    parameter of the same name and shape, else the first not yet taken of the same shape in registration
+    order; parameters ModelNew adds (frozen constants, affine norms at identity) keep their own values, and
+    a reference parameter with no counterpart is returned (the trial then cannot run as specified).
     """
     import torch
     _set_seed(weight_seed)
@@ -88,14 +93,38 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device):
     _set_seed(weight_seed)
     with torch.no_grad():
         model = cls(*init)
-    small = [(n, p) for n, p in model.named_parameters() if p.dim() <= 1]
+    missing: list[str] = []
     if perturb:
+        if ref_params is None:
+            targets = [p for _, p in model.named_parameters() if p.dim() <= 1]
+        else:
+            targets, missing = _counterparts(dict(model.named_parameters()), ref_params)
         with torch.no_grad():
-            for k, (_, p) in enumerate(small):
+            for k, p in enumerate(targets):
+                if p is None:
+                    continue
                 seed = int(hashlib.sha256(f"{weight_seed}:{k}".encode()).hexdigest()[:8], 16)
                 g = torch.Generator().manual_seed(seed)
-                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
-    return model.to(device), [n for n, _ in small], [list(p.shape) for _, p in small]
+                p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.device, p.dtype) * 0.5)
+    return model.to(device), missing
+
+
+def _counterparts(params: dict, ref_params: list) -> tuple[list, list[str]]:
+    """For each (name, shape) of the reference, ModelNew's parameter by name, else by shape and order."""
+    taken: set[str] = set()
+    found: list = [None] * len(ref_params)
+    for k, (name, shape) in enumerate(ref_params):
+        p = params.get(name)
+        if p is not None and list(p.shape) == list(shape):
+            found[k] = p
+            taken.add(name)
+    for k, (name, shape) in enumerate(ref_params):
+        if found[k] is None:
+            other = next((n for n, p in params.items() if n not in taken and list(p.shape) == list(shape)), None)
+            if other is not None:
+                found[k] = params[other]
+                taken.add(other)
+    return found, [f"{n} {tuple(s)}" for (n, s), p in zip(ref_params, found) if p is None]
 
 
 def _inputs_unchanged(xs: list, pristine: list) -> bool:

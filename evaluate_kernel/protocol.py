@@ -64,7 +64,7 @@ from .sandbox import MARK_ENV, Namespace, kill_processes
 BOOT = "import sys; sys.path.append(sys.argv[1]); from evaluate_kernel.worker import main; main()"
 
 
-class _Worker:
+class Worker:
     """A subprocess running worker.main(): own session, scrubbed env, stdout to its own log.
 
     Results travel on a private pipe, never on stdout, and every message must carry the job's nonce, so text
@@ -178,7 +178,7 @@ class _Worker:
                 pass
         return strays
 
-class _LineReader:
+class LineReader:
     """Lines from stdin, read unbuffered, so "is a line waiting?" has an honest answer (select on a
     buffered stream misses lines already pulled into its buffer)."""
 
@@ -240,7 +240,7 @@ def _die_with_parent_preexec():
     return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _check_parent(parent_pid: int) -> None:
+def check_parent(parent_pid: int) -> None:
     if parent_pid and os.getppid() != parent_pid:  # the evaluator died before the child's prctl took effect
         os._exit(0)
 

@@ -103,7 +103,7 @@ def root(tmp_path_factory):
 
 def _evaluator(root: Path, **kw) -> ek.Evaluator:
     return ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), key_dir=str(root / "keys"),
-                        timing_iters=5, warmup=1, run_timeout_s=60, build_timeout_s=300, **kw)
+                        max_pairs=4, timing_s=2.0, run_timeout_s=60, build_timeout_s=300, **kw)
 
 
 def _build_dir(root: Path, src: str = HONEST_CPP) -> Path:

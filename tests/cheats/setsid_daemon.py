@@ -8,12 +8,13 @@ builder's process group, or measures its baseline after builds, measures the
 reference slowed by it; the kernel itself is honest. The daemon stops by
 itself after 60 s so a failed test cannot leave it behind for long.
 Seen: red-team pass on this evaluator (posix_spawn setsid daemon).
-Expected outcome: "neutralised: timed honestly" (the baseline is measured
-before any build, and every process a worker started is killed when its job
-ends; tests/test_evaluate.py checks that the daemon is gone).
+Expected outcome: "neutralised": timed honestly or failed (the baseline is
+measured before any build, and every process a worker started is killed when
+its job ends; tests/test_evaluate.py checks that the daemon is gone; on the
+CPU the runner may not start processes at all, so the spawn fails there).
 
 REFERENCE: gn
-EXPECT: honest-timing
+EXPECT: honest-timing|runtime_error
 """
 import builtins
 
