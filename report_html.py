@@ -14,8 +14,13 @@ any run directory, finished, running or killed. The page, top to bottom:
   5. per island: the idea pool now (Algorithm 1's P, each idea with its hypotheses and results), ideas
      no longer in it (pruned, or left behind by a backtrack: the permanent log L), the pool before and
      after each backtrack, and the history of its generations;
-  6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent.
-Links join candidates, ideas, generations and interventions. The fastest INLINE_SOURCES candidates
+  6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent;
+  7. the LLM exchanges (transcript.jsonl): calls and tokens per purpose, then every call by island and
+     generation, its prompt and reply folded, within EXCHANGE_BUDGET characters (the calls behind the
+     candidates with cards first); `python transcript.py RUN_DIR N` prints any call.
+Links join candidates, ideas, generations, interventions and the exchanges (a candidate to the call whose
+reply carried it, a generation to its calls, an idea to the calls that proposed, added, merged, summarised
+or pruned it). The fastest INLINE_SOURCES candidates
 and the best one's nearest ancestors get their source inline; every candidate gets one row, with its
 diff inline while the page stays within DIFF_BUDGET characters of diffs and relative links to
 candidates/ beyond it, so a 1,000-generation run stays a few MB. No server, network or script library: <details> elements fold,
@@ -34,10 +39,13 @@ from pathlib import Path
 
 import report_chart
 import report_data
+import transcript as transcript_mod
 
 INLINE_SOURCES = 10        # candidates, fastest first, whose full source is on the page
 DIFF_BUDGET = 600_000      # characters of inline diffs for the other candidates
 DIFF_LINES = 400           # longest single inline diff (lines)
+EXCHANGE_BUDGET = 600_000  # characters of LLM prompts and replies on the page
+IDEA_LINKS = 4             # calls linked from an idea: the first and the latest this many
 
 
 def write(run_dir) -> Path:
@@ -67,7 +75,8 @@ def render(run: report_data.Run) -> str:
 SECTIONS = [("run", "The run", "summary"), ("best", "The best kernel", "best"),
             ("chart", "Every evaluation, by island", "chart"),
             ("interventions", "Interventions (Algorithm 2)", "interventions"), ("islands", "Islands", "islands"),
-            ("candidates", "Candidates", "candidates"), ("other-events", "Other events", "other_events"),
+            ("candidates", "Candidates", "candidates"), ("exchanges", "LLM exchanges", "exchanges"),
+            ("other-events", "Other events", "other_events"),
             ("configuration", "Configuration", "configuration")]
 
 CSS = """
@@ -80,7 +89,7 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums;wh
 pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:7px 9px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;margin:4px 0}
 pre.msg{background:#fff6f4;border-color:#f1cfc7}td.msg{white-space:pre-wrap;font-size:12px}.ok{color:#0a7a2f;font-weight:600}.bad{color:#b3261e;font-weight:600}
 .add{background:#e6ffec}.del{background:#ffebe9}.hunk{color:#6f42c1}
-details{margin:3px 0}summary{cursor:pointer}.card{border:1px solid #ddd;border-radius:6px;padding:4px 12px 8px;margin:12px 0}
+details{margin:3px 0}summary{cursor:pointer}details.x{margin-left:16px}h5{font-size:12px;margin:6px 0 2px;color:#555}.card{border:1px solid #ddd;border-radius:6px;padding:4px 12px 8px;margin:12px 0}
 .best{border:2px solid #0a7a2f}.chosen{font-weight:700;background:#fff3c4}.muted{color:#777}.dot{font-size:16px}
 nav{font-size:13px;margin:4px 0 12px}nav a{margin-right:12px}.chart{width:100%;height:auto;border:1px solid #eee}
 a{color:#0b57d0;text-decoration:none}a:hover{text-decoration:underline}tr:target,.card:target,details:target>summary{background:#fff3c4}
@@ -117,11 +126,13 @@ class _Page:
         self.cards = [c.id for c in ok[:INLINE_SOURCES]]
         if best:   # the nearest ancestors of the best, so a long lineage stays a few cards
             self.cards += [c.id for c in run.lineage(best.id)[-INLINE_SOURCES:] if c.id not in self.cards]
+        self.inline_calls = self._inline_calls()
+        self.call_groups = {_group_anchor(c) for c in run.transcript.calls if c.get("call") in self.inline_calls}
 
     # -- sections -----------------------------------------------------------------------------
 
     def contents(self) -> str:
-        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:6]) + "</nav>"
+        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:7]) + "</nav>"
 
     def summary(self) -> str:
         run, cfg, ck = self.run, self.run.config, self.run.checkpoint
@@ -190,11 +201,12 @@ class _Page:
         legend = " ".join(f'<span class=dot style="color:{report_chart.colour(i)}">●</span> island {i}'
                           for i in self.run.island_ids)
         letters = ", ".join(f"{v} {k}" for k, v in report_chart.STATUS_LETTER.items())
-        return (f"<p>{legend}. Dots: correct candidates (speedup = s_0 / runtime; a repair sits just right of "
-                f"its generation); lines: best so far per island; letters on the <i>failed</i> row: failed "
-                f"candidates ({letters}, ? other). Bottom: momentum m_t; below eps_rel, once the freeze "
-                f"period is over, the island intervenes: ▼sK backtrack to snapshot K, ★×j crossover with "
-                f"island j. Every mark links to its candidate or intervention.</p>" + report_chart.svg(self.run))
+        return (f"<p>{legend}. Top: one dot per correct candidate (speedup = s_0 / score; a repair sits just "
+                f"right of its generation) and each island's best so far. Middle, in a band of its own: one "
+                f"letter per failed candidate, a row per island ({letters}, ? other). Bottom: each island's "
+                f"momentum m_t in its own lane (on a log scale when eps_rel is small); below eps_rel, once the freeze period is over, "
+                f"the island intervenes: ▼sK backtrack to snapshot K, ★×j crossover with island j. Every mark "
+                f"links to its candidate or intervention.</p>" + report_chart.svg(self.run))
 
     def interventions(self) -> str:
         run = self.run
@@ -266,7 +278,7 @@ class _Page:
         out += [self._card(run.candidates[pid], n == 0) for n, pid in enumerate(self.cards)]
         out.append('<h3 id="all-candidates">Every candidate, fastest first, then the failures in order</h3>'
                    "<table><tr><th>program</th><th>island / gen</th><th>verdict</th>"
-                   "<th>evaluator message</th><th>parent</th><th>diff</th></tr>")
+                   "<th>evaluator message</th><th>parent</th><th>written by</th><th>diff</th></tr>")
         budget = DIFF_BUDGET
         for c in run.ranked():
             anchor = "" if c.id in self.cards else f' id="p-{_e(c.id)}"'
@@ -278,8 +290,57 @@ class _Page:
             out.append(f"<tr{anchor}><td>{name}</td><td>{self._where(c)}</td>"
                        f"<td>{self._verdict(c)}</td>"
                        f"<td class=msg>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
-                       f"<td>{diff_cell}</td></tr>")
+                       f"<td>{self._call_link(self.run.program_calls.get(c.id), short=True)}</td><td>{diff_cell}</td></tr>")
         return "\n".join(out) + "</table>"
+
+    def exchanges(self) -> str:
+        run, reading = self.run, self.run.transcript
+        if not reading.calls:
+            return ("<p>No <code>transcript.jsonl</code> in this run directory: the run was made before LLM "
+                    "exchanges were kept.</p>")
+        out = ["<p>Every LLM call of the run, as sent and as answered (<code>transcript.jsonl</code>; no keys or "
+               "headers are kept). The purpose is the step of Algorithm 1 that asked: idea generation (line 2), "
+               "classification (lines 3-10), selection (line 11), duplicate check (line 12), code and repair "
+               "(line 13), summary (lines 17-20), prune (lines 21-24, also after a crossover); a format "
+               "reminder repeats a call whose reply could not be used. Each call folds open to its prompt "
+               "and reply.</p>",
+               "<table><tr><th>purpose</th><th>calls</th><th>failed</th><th>format reminders</th>"
+               "<th>prompt tokens</th><th>output tokens</th><th>seconds waiting</th><th>retries</th></tr>"]
+        for purpose, t in sorted(transcript_mod.totals(reading).items(), key=lambda kv: -kv[1]["calls"]):
+            out.append(f"<tr><td>{_e(PURPOSES.get(purpose, purpose))}</td><td class=n>{t['calls']:,}</td>"
+                       f"<td class=n>{t['failed']:,}</td><td class=n>{t['reminders']:,}</td>"
+                       f"<td class=n>{t['input']:,}</td><td class=n>{t['output']:,}</td>"
+                       f"<td class=n>{t['latency_s']:,.1f}</td><td class=n>{t['retries']:,}</td></tr>")
+        out.append("</table>")
+        groups: dict[str, list[dict]] = {}
+        for c in reading.calls:
+            groups.setdefault(_group_anchor(c), []).append(c)
+        hidden, island = 0, object()
+        order = sorted(groups.values(), key=lambda cs: (cs[0].get("island") is not None, cs[0].get("island") or 0))
+        for calls in order:
+            shown = [c for c in calls if c.get("call") in self.inline_calls]
+            hidden += len(calls) - len(shown)
+            if not shown:
+                continue
+            if calls[0].get("island") != island:
+                island = calls[0].get("island")
+                out.append(f"<h3>Island {island}</h3>" if island is not None else "<h3>Set-up</h3>")
+            kinds: dict[str, int] = {}
+            for c in calls:
+                kinds[str(c.get("purpose"))] = kinds.get(str(c.get("purpose")), 0) + 1
+            what = ", ".join(PURPOSES.get(k, k).split(" (")[0] + (f" ×{v}" if v > 1 else "") for k, v in kinds.items())
+            first = calls[0]
+            title = {"setup": "the probe calls, before the run started",
+                     "crossover": f"after generation {first.get('generation')}: the prune after a crossover"
+                     }.get(first.get("stage"), f"generation {first.get('generation')}")
+            out.append(f'<details id="{_group_anchor(first)}"><summary>{_e(title)}: '
+                       f"{_plural(len(calls), 'call')} ({_e(what)})</summary>"
+                       + "".join(self._exchange(c) for c in shown) + "</details>")
+        if hidden:
+            out.append(f"<p>{_plural(hidden, 'more call')} not on this page, to keep it within "
+                       f"{EXCHANGE_BUDGET:,} characters of exchanges: <code>python transcript.py "
+                       f"{_e(run.path)} N</code> prints call N.</p>")
+        return "\n".join(out)
 
     def other_events(self) -> str:
         others = self.run.other_events
@@ -309,6 +370,13 @@ class _Page:
                 f"{_plural(idea.get('tried', len(records)), 'experiment')}" + (f"; best {_e(best)}" if best else "")
                 + (f"; {why}" if why else "") + "</span>")
         rows = [f"<p><b>Summary of earlier experiments:</b> {_e(idea.get('summary'))}</p>"] if idea.get("summary") else []
+        links = self.run.idea_calls.get((island, idea.get("id"))) if isinstance(idea.get("id"), int) else None
+        if links:   # a long run merges proposals into an idea again and again: the first and the latest
+            shown = [f"{_e(what)} by {self._call_link(c)}" for what, c in links[:IDEA_LINKS]]
+            if len(links) > 2 * IDEA_LINKS:
+                shown.append(f"{len(links) - 2 * IDEA_LINKS} more")
+            shown += [f"{_e(what)} by {self._call_link(c)}" for what, c in links[max(IDEA_LINKS, len(links) - IDEA_LINKS):]]
+            rows.append("<p class=muted>LLM calls: " + ", ".join(shown) + "</p>")
         if records:
             rows.append("<table><tr><th>#</th><th>experiment</th><th>result</th><th>program</th></tr>")
             for n, h in enumerate(records, 1):
@@ -321,6 +389,56 @@ class _Page:
             rows.append("</table>")
         return (f'<details id="{anchor}"{" open" if open_ else ""}><summary>{head}</summary>'
                 + "".join(rows) + "</details>")
+
+    def _exchange(self, c: dict) -> str:
+        reading, n = self.run.transcript, c.get("call")
+        tokens = c.get("tokens") or {}
+        bits = [f"call {n}", _e(PURPOSES.get(c.get("purpose"), c.get("purpose"))).split(" (")[0]
+                + (" (format reminder)" if c.get("attempt") else ""),
+                f"{_e(c.get('role'))} model {_e(c.get('model') or '?')}"]
+        if tokens:
+            bits.append(f"{tokens.get('input', 0):,} + {tokens.get('output', 0):,} tokens")
+        bits.append(f"{c.get('latency_s') or 0:.1f} s")
+        if c.get("retries"):
+            bits.append(_plural(c["retries"], "retry").replace("retrys", "retries"))
+        if c.get("error") is not None:
+            bits.append(f"<span class=bad>failed: {_e(str(c['error']).split(':')[0])}</span>")
+        if c.get("program"):
+            bits.append(f"wrote {self._prog_link(c['program'])}")
+        reply = (f"<h5>reply</h5><pre>{_e(reading.text(c.get('reply')))}</pre>" if c.get("reply") is not None
+                 else f"<h5>error</h5><pre class=msg>{_e(c.get('error'))}</pre>")
+        return (f'<details id="x-{n}" class=x><summary>{" · ".join(bits)}</summary>'
+                f"<h5>prompt</h5><pre>{_e(reading.prompt(c))}</pre>{reply}</details>")
+
+    def _calls_link(self, island, g, count) -> str:
+        anchor = f"xg-{island}-{g}"
+        return f'<a href="#{anchor}">{_e(count)}</a>' if anchor in self.call_groups else _e(count)
+
+    def _call_link(self, c: dict | None, short: bool = False) -> str:
+        if not c:
+            return "" if short else "<span class=muted>not in the transcript</span>"
+        label = f"{'' if short else PURPOSES.get(c.get('purpose'), c.get('purpose')).split(' (')[0] + ' '}call {c.get('call')}"
+        if c.get("call") in self.inline_calls:
+            return f'<a href="#x-{c.get("call")}">{_e(label)}</a>'
+        return _e(label) + ("" if short else " <span class=muted>(not on this page: python transcript.py)</span>")
+
+    def _inline_calls(self) -> set:
+        """The calls whose prompt and reply the page shows: those behind the cards, then in order, within
+        EXCHANGE_BUDGET characters."""
+        reading, budget, chosen = self.run.transcript, EXCHANGE_BUDGET, set()
+        behind = [self.run.program_calls[pid] for pid in self.cards if pid in self.run.program_calls]
+        for k, c in enumerate(behind + reading.calls):
+            size = 400 + reading.length(c.get("reply")) + sum(reading.length(m.get("content"))
+                                                              for m in c.get("messages") or [])
+            if c.get("call") in chosen:
+                continue
+            if size > budget:
+                if k < len(behind):
+                    continue
+                break
+            budget -= size
+            chosen.add(c.get("call"))
+        return chosen
 
     def _backtrack_pools(self, a: dict) -> str:
         i, g, k = a["island"], a.get("generation"), a.get("restored_index")
@@ -355,7 +473,7 @@ class _Page:
                        f"<td>{_e(_short(e.get('experiment') or '', 240))}</td><td>{self._event_result(e, 0)}</td>"
                        f"<td>{progs}</td>"
                        f"<td class=n>{_num(e.get('momentum'))}</td><td class=n>{_num(e.get('r_t'))}</td>"
-                       f"<td class=n>{e.get('llm_calls', '')}</td><td>"
+                       f"<td class=n>{self._calls_link(i, g, e.get('llm_calls', ''))}</td><td>"
                        + (f"<details><summary>{len(notes)}</summary>" + "<br>".join(_e(n) for n in notes)
                           + "</details>" if notes else "") + "</td></tr>")
             if g in by_gen:
@@ -366,16 +484,27 @@ class _Page:
     def _card(self, c: report_data.Candidate, first: bool) -> str:
         d = c.details or {}
         t = d.get("timing") or {}
-        rows = [("verdict", self._verdict(c)), ("evaluator", f"<pre{'' if c.ok else ' class=msg'}>{_e(c.message)}</pre>"),
+        rows = [("verdict", self._verdict(c) + (" <span class=muted>(the speedup, and the score in ms that the "
+                                                 "search ranks by)</span>" if c.ok else "")),
+                ("evaluator", f"<pre{'' if c.ok else ' class=msg'}>{_e(c.message)}</pre>"),
                 ("island / generation", self._where(c)),
                 ("idea", self._idea_link(c.island, c.idea, c.idea_text)), ("experiment", _e(c.experiment)),
-                ("written from", self._parent_text(c))]
+                ("written from", self._parent_text(c)),
+                ("written by", self._call_link(self.run.program_calls.get(c.id))
+                 + " (the prompt and the reply that carried this program)")]
         if c.children:
             rows.append(("programs written from it", ", ".join(self._prog_link(p) for p in c.children)))
+        if c.ok and c.paired_speedup and self.s0:
+            rows.append(("score", f"{c.runtime_ms:.4g} ms = s_0 {self.s0:.4g} ms (the reference at the start) / "
+                                  f"{c.paired_speedup:.3f}, the speedup measured against the reference timed "
+                                  f"beside it: {_num4(c.measured_ms)} ms for this program, {_num4(c.beside_ms)} ms "
+                                  f"for the reference. A machine that got busier or quieter since the start moves "
+                                  f"both, so the score does not move."))
         if t:
-            rows.append(("timing", f"median {_num(t.get('median_ms'))} ms of {len(t.get('samples_ms') or [])} "
-                                   f"calls, IQR {_num(t.get('iqr_ms'))} ms, host {_num(t.get('host_ms_per_call'))} "
-                                   f"ms/call, {_e(t.get('bound') or '')}-bound"))
+            rows.append(("timing", f"this program's calls: median {_num4(t.get('median_ms'))} ms of "
+                                   f"{len(t.get('samples_ms') or [])}, IQR {_num4(t.get('iqr_ms'))} ms; host time "
+                                   f"{_num4(t.get('host_ms_per_call'))} ms/call (Python and launch cost, part of "
+                                   f"the runtime, not a score); bound: {_e(t.get('bound') or '?')}"))
         trials = d.get("trials") or []
         if trials:
             worst = max((x.get("rel_l2") or 0) for x in trials)
@@ -434,7 +563,10 @@ class _Page:
         return _e(json.dumps({k: v for k, v in a.items() if k not in ("type", "time")})[:300])
 
     def _best_text(self, c: report_data.Candidate) -> str:
-        return (f"<b>{self.run.speedup(c.runtime_ms) or 0:.3f}x</b> the reference ({c.runtime_ms:.4g} ms): "
+        slower = (self.run.speedup(c.runtime_ms) or 0) < 1
+        return (f"<b>{self.run.speedup(c.runtime_ms) or 0:.3f}x</b> the reference (score {c.runtime_ms:.4g} ms "
+                f"= s_0 / speedup)" + (", <b>slower</b>: no candidate has beaten the reference" if slower else "")
+                + ": "
                 f"program {self._prog_link(c.id)}, island {c.island}, generation {self._gen_link(c.island, c.generation)}"
                 " (<code>best.py</code>)")
 
@@ -515,6 +647,21 @@ class _Page:
         return f'<a href="#{anchor}"{title}>{_e(label)}</a>' if anchor else _e(label)
 
 
+PURPOSES = {"idea_generation": "idea generation (Algorithm 1 line 2)",
+            "classification": "classification (lines 3-10)", "selection": "selection (line 11)",
+            "duplicate_check": "duplicate check (line 12)", "implementation": "code (line 13)",
+            "repair": "repair (line 13)", "summary": "summary (lines 17-20)", "prune": "prune (lines 21-24)",
+            "probe": "probe (set-up)"}
+
+
+def _group_anchor(c: dict) -> str:
+    """The anchor of the calls an island made for one generation (or after it, for a crossover)."""
+    stage = c.get("stage")
+    if stage == "setup" or c.get("island") is None:
+        return "xg-setup"
+    return f"{'xc' if stage == 'crossover' else 'xg'}-{c.get('island')}-{c.get('generation')}"
+
+
 def _below(m, eps) -> bool:
     return isinstance(m, (int, float)) and isinstance(eps, (int, float)) and m < eps
 
@@ -538,6 +685,10 @@ def _short(text: str, n: int) -> str:
 
 def _num(x) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "–"
+
+
+def _num4(x) -> str:
+    return f"{x:.4g}" if isinstance(x, (int, float)) else "–"
 
 
 def _status(status) -> str:
