@@ -1,6 +1,6 @@
 """Record the example run shipped in examples/ for `python run.py --replay` (no API key, no network).
 
-    python scripts/record_example.py [--out examples/conv_groupnorm_small]
+    python scripts/record_example.py [--out examples/conv_groupnorm_small] [--seed 1]   # --out: from the repository root
 
 A real CPU search of conv_groupnorm_small with the real evaluator, whose model is the rule-based scripted LLM
 of tests/fake_llm.py served over HTTP on 127.0.0.1, as a local OpenAI-compatible server would be: the
@@ -45,18 +45,21 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("examples/conv_groupnorm_small"))
     p.add_argument("--seed", type=int, default=SEED, help="the search's and the scripted LLM's seed")
     args = p.parse_args()
-    if args.out.exists():
-        shutil.rmtree(args.out)
+    if args.out.is_absolute():
+        raise SystemExit("record_example.py: give --out relative to the repository root (config.json keeps it)")
+    if (ROOT / args.out).exists():
+        shutil.rmtree(ROOT / args.out)
     with OpenAIServer(RuleBasedLLM(PROGRAMS, seed=args.seed, variants=True, stable=True)) as server:
         proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *OPTIONS, "--seed", str(args.seed),
                                "--base-url", server.url, "--out", str(args.out)], cwd=ROOT)
     if proc.returncode != 0:
         return proc.returncode
+    out = ROOT / args.out
     for name in ("logs", "checkpoint.prev.json", "report.html"):
-        path = args.out / name
+        path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(f"{args.out}: {size / 1024:.0f} KB, transcript {(args.out / 'transcript.jsonl').stat().st_size / 1024:.0f} KB")
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{args.out}: {size / 1024:.0f} KB, transcript {(out / 'transcript.jsonl').stat().st_size / 1024:.0f} KB")
     return 0
 
 
