@@ -216,3 +216,16 @@ def test_resumed_run_rewinds_its_transcript(tmp_path, monkeypatch):
     assert not any(c.get("messages") and c["messages"][0]["content"] == "interrupted" for c in calls)
     assert len(calls) == before - 1 + len(server.requests)
     assert state["transcript"] <= json.loads((out / "checkpoint.json").read_text())["transcript"]
+
+
+def test_report_md_and_html_show_the_exchanges_of_a_real_search(recorded):
+    out, requests = recorded
+    import report_html
+    from test_report_html import check_page
+    report_html.write(out)
+    check_page(out)   # every candidate's exchange, every generation's calls, the ideas' calls
+    report = (out / "report.md").read_text()
+    reading = transcript.read(out)
+    kinds = Counter(c["purpose"] for c in reading.calls)
+    for purpose, n in kinds.items():
+        assert f"| {purpose} | {n} | 0 | " in report
