@@ -15,9 +15,8 @@ any run directory, finished, running or killed. The page, top to bottom:
      no longer in it (pruned, or left behind by a backtrack: the permanent log L), the pool before and
      after each backtrack, and the history of its generations;
   6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent;
-  7. the LLM exchanges (transcript.jsonl): calls and tokens per purpose, then every call by island and
-     generation, its prompt and reply folded, within EXCHANGE_BUDGET characters (the calls behind the
-     candidates with cards first); `python transcript.py RUN_DIR N` prints any call.
+  7. the LLM exchanges (report_exchanges.py, from transcript.jsonl): calls and tokens per purpose, then every
+     call by island and generation, its prompt and reply folded, within a budget of characters.
 Links join candidates, ideas, generations, interventions and the exchanges (a candidate to the call whose
 reply carried it, a generation to its calls, an idea to the calls that proposed, added, merged, summarised
 or pruned it). The fastest INLINE_SOURCES candidates
@@ -39,13 +38,11 @@ from pathlib import Path
 
 import report_chart
 import report_data
-import transcript as transcript_mod
+import report_exchanges
 
 INLINE_SOURCES = 10        # candidates, fastest first, whose full source is on the page
 DIFF_BUDGET = 600_000      # characters of inline diffs for the other candidates
 DIFF_LINES = 400           # longest single inline diff (lines)
-EXCHANGE_BUDGET = 600_000  # characters of LLM prompts and replies on the page
-IDEA_LINKS = 4             # calls linked from an idea: the first and the latest this many
 
 
 def write(run_dir) -> Path:
@@ -126,8 +123,7 @@ class _Page:
         self.cards = [c.id for c in ok[:INLINE_SOURCES]]
         if best:   # the nearest ancestors of the best, so a long lineage stays a few cards
             self.cards += [c.id for c in run.lineage(best.id)[-INLINE_SOURCES:] if c.id not in self.cards]
-        self.inline_calls = self._inline_calls()
-        self.call_groups = {_group_anchor(c) for c in run.transcript.calls if c.get("call") in self.inline_calls}
+        self.x = report_exchanges.Exchanges(run, self.cards, self._prog_link)
 
     # -- sections -----------------------------------------------------------------------------
 
@@ -290,57 +286,11 @@ class _Page:
             out.append(f"<tr{anchor}><td>{name}</td><td>{self._where(c)}</td>"
                        f"<td>{self._verdict(c)}</td>"
                        f"<td class=msg>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
-                       f"<td>{self._call_link(self.run.program_calls.get(c.id), short=True)}</td><td>{diff_cell}</td></tr>")
+                       f"<td>{self.x.call_link(self.run.program_calls.get(c.id), short=True)}</td><td>{diff_cell}</td></tr>")
         return "\n".join(out) + "</table>"
 
     def exchanges(self) -> str:
-        run, reading = self.run, self.run.transcript
-        if not reading.calls:
-            return ("<p>No <code>transcript.jsonl</code> in this run directory: the run was made before LLM "
-                    "exchanges were kept.</p>")
-        out = ["<p>Every LLM call of the run, as sent and as answered (<code>transcript.jsonl</code>; no keys or "
-               "headers are kept). The purpose is the step of Algorithm 1 that asked: idea generation (line 2), "
-               "classification (lines 3-10), selection (line 11), duplicate check (line 12), code and repair "
-               "(line 13), summary (lines 17-20), prune (lines 21-24, also after a crossover); a format "
-               "reminder repeats a call whose reply could not be used. Each call folds open to its prompt "
-               "and reply.</p>",
-               "<table><tr><th>purpose</th><th>calls</th><th>failed</th><th>format reminders</th>"
-               "<th>prompt tokens</th><th>output tokens</th><th>seconds waiting</th><th>retries</th></tr>"]
-        for purpose, t in sorted(transcript_mod.totals(reading).items(), key=lambda kv: -kv[1]["calls"]):
-            out.append(f"<tr><td>{_e(PURPOSES.get(purpose, purpose))}</td><td class=n>{t['calls']:,}</td>"
-                       f"<td class=n>{t['failed']:,}</td><td class=n>{t['reminders']:,}</td>"
-                       f"<td class=n>{t['input']:,}</td><td class=n>{t['output']:,}</td>"
-                       f"<td class=n>{t['latency_s']:,.1f}</td><td class=n>{t['retries']:,}</td></tr>")
-        out.append("</table>")
-        groups: dict[str, list[dict]] = {}
-        for c in reading.calls:
-            groups.setdefault(_group_anchor(c), []).append(c)
-        hidden, island = 0, object()
-        order = sorted(groups.values(), key=lambda cs: (cs[0].get("island") is not None, cs[0].get("island") or 0))
-        for calls in order:
-            shown = [c for c in calls if c.get("call") in self.inline_calls]
-            hidden += len(calls) - len(shown)
-            if not shown:
-                continue
-            if calls[0].get("island") != island:
-                island = calls[0].get("island")
-                out.append(f"<h3>Island {island}</h3>" if island is not None else "<h3>Set-up</h3>")
-            kinds: dict[str, int] = {}
-            for c in calls:
-                kinds[str(c.get("purpose"))] = kinds.get(str(c.get("purpose")), 0) + 1
-            what = ", ".join(PURPOSES.get(k, k).split(" (")[0] + (f" ×{v}" if v > 1 else "") for k, v in kinds.items())
-            first = calls[0]
-            title = {"setup": "the probe calls, before the run started",
-                     "crossover": f"after generation {first.get('generation')}: the prune after a crossover"
-                     }.get(first.get("stage"), f"generation {first.get('generation')}")
-            out.append(f'<details id="{_group_anchor(first)}"><summary>{_e(title)}: '
-                       f"{_plural(len(calls), 'call')} ({_e(what)})</summary>"
-                       + "".join(self._exchange(c) for c in shown) + "</details>")
-        if hidden:
-            out.append(f"<p>{_plural(hidden, 'more call')} not on this page, to keep it within "
-                       f"{EXCHANGE_BUDGET:,} characters of exchanges: <code>python transcript.py "
-                       f"{_e(run.path)} N</code> prints call N.</p>")
-        return "\n".join(out)
+        return self.x.section()
 
     def other_events(self) -> str:
         others = self.run.other_events
@@ -370,13 +320,7 @@ class _Page:
                 f"{_plural(idea.get('tried', len(records)), 'experiment')}" + (f"; best {_e(best)}" if best else "")
                 + (f"; {why}" if why else "") + "</span>")
         rows = [f"<p><b>Summary of earlier experiments:</b> {_e(idea.get('summary'))}</p>"] if idea.get("summary") else []
-        links = self.run.idea_calls.get((island, idea.get("id"))) if isinstance(idea.get("id"), int) else None
-        if links:   # a long run merges proposals into an idea again and again: the first and the latest
-            shown = [f"{_e(what)} by {self._call_link(c)}" for what, c in links[:IDEA_LINKS]]
-            if len(links) > 2 * IDEA_LINKS:
-                shown.append(f"{len(links) - 2 * IDEA_LINKS} more")
-            shown += [f"{_e(what)} by {self._call_link(c)}" for what, c in links[max(IDEA_LINKS, len(links) - IDEA_LINKS):]]
-            rows.append("<p class=muted>LLM calls: " + ", ".join(shown) + "</p>")
+        rows.append(self.x.idea_links(island, idea.get("id")))
         if records:
             rows.append("<table><tr><th>#</th><th>experiment</th><th>result</th><th>program</th></tr>")
             for n, h in enumerate(records, 1):
@@ -389,56 +333,6 @@ class _Page:
             rows.append("</table>")
         return (f'<details id="{anchor}"{" open" if open_ else ""}><summary>{head}</summary>'
                 + "".join(rows) + "</details>")
-
-    def _exchange(self, c: dict) -> str:
-        reading, n = self.run.transcript, c.get("call")
-        tokens = c.get("tokens") or {}
-        bits = [f"call {n}", _e(PURPOSES.get(c.get("purpose"), c.get("purpose"))).split(" (")[0]
-                + (" (format reminder)" if c.get("attempt") else ""),
-                f"{_e(c.get('role'))} model {_e(c.get('model') or '?')}"]
-        if tokens:
-            bits.append(f"{tokens.get('input', 0):,} + {tokens.get('output', 0):,} tokens")
-        bits.append(f"{c.get('latency_s') or 0:.1f} s")
-        if c.get("retries"):
-            bits.append(_plural(c["retries"], "retry").replace("retrys", "retries"))
-        if c.get("error") is not None:
-            bits.append(f"<span class=bad>failed: {_e(str(c['error']).split(':')[0])}</span>")
-        if c.get("program"):
-            bits.append(f"wrote {self._prog_link(c['program'])}")
-        reply = (f"<h5>reply</h5><pre>{_e(reading.text(c.get('reply')))}</pre>" if c.get("reply") is not None
-                 else f"<h5>error</h5><pre class=msg>{_e(c.get('error'))}</pre>")
-        return (f'<details id="x-{n}" class=x><summary>{" · ".join(bits)}</summary>'
-                f"<h5>prompt</h5><pre>{_e(reading.prompt(c))}</pre>{reply}</details>")
-
-    def _calls_link(self, island, g, count) -> str:
-        anchor = f"xg-{island}-{g}"
-        return f'<a href="#{anchor}">{_e(count)}</a>' if anchor in self.call_groups else _e(count)
-
-    def _call_link(self, c: dict | None, short: bool = False) -> str:
-        if not c:
-            return "" if short else "<span class=muted>not in the transcript</span>"
-        label = f"{'' if short else PURPOSES.get(c.get('purpose'), c.get('purpose')).split(' (')[0] + ' '}call {c.get('call')}"
-        if c.get("call") in self.inline_calls:
-            return f'<a href="#x-{c.get("call")}">{_e(label)}</a>'
-        return _e(label) + ("" if short else " <span class=muted>(not on this page: python transcript.py)</span>")
-
-    def _inline_calls(self) -> set:
-        """The calls whose prompt and reply the page shows: those behind the cards, then in order, within
-        EXCHANGE_BUDGET characters."""
-        reading, budget, chosen = self.run.transcript, EXCHANGE_BUDGET, set()
-        behind = [self.run.program_calls[pid] for pid in self.cards if pid in self.run.program_calls]
-        for k, c in enumerate(behind + reading.calls):
-            size = 400 + reading.length(c.get("reply")) + sum(reading.length(m.get("content"))
-                                                              for m in c.get("messages") or [])
-            if c.get("call") in chosen:
-                continue
-            if size > budget:
-                if k < len(behind):
-                    continue
-                break
-            budget -= size
-            chosen.add(c.get("call"))
-        return chosen
 
     def _backtrack_pools(self, a: dict) -> str:
         i, g, k = a["island"], a.get("generation"), a.get("restored_index")
@@ -473,7 +367,7 @@ class _Page:
                        f"<td>{_e(_short(e.get('experiment') or '', 240))}</td><td>{self._event_result(e, 0)}</td>"
                        f"<td>{progs}</td>"
                        f"<td class=n>{_num(e.get('momentum'))}</td><td class=n>{_num(e.get('r_t'))}</td>"
-                       f"<td class=n>{self._calls_link(i, g, e.get('llm_calls', ''))}</td><td>"
+                       f"<td class=n>{self.x.calls_link(i, g, e.get('llm_calls', ''))}</td><td>"
                        + (f"<details><summary>{len(notes)}</summary>" + "<br>".join(_e(n) for n in notes)
                           + "</details>" if notes else "") + "</td></tr>")
             if g in by_gen:
@@ -490,7 +384,7 @@ class _Page:
                 ("island / generation", self._where(c)),
                 ("idea", self._idea_link(c.island, c.idea, c.idea_text)), ("experiment", _e(c.experiment)),
                 ("written from", self._parent_text(c)),
-                ("written by", self._call_link(self.run.program_calls.get(c.id))
+                ("written by", self.x.call_link(self.run.program_calls.get(c.id))
                  + " (the prompt and the reply that carried this program)")]
         if c.children:
             rows.append(("programs written from it", ", ".join(self._prog_link(p) for p in c.children)))
@@ -645,21 +539,6 @@ class _Page:
         label = f"idea {idea_id}" + (f": {_short(text, width)}" if text and width else "")
         title = f' title="{_e(text)}"' if text and not width else ""
         return f'<a href="#{anchor}"{title}>{_e(label)}</a>' if anchor else _e(label)
-
-
-PURPOSES = {"idea_generation": "idea generation (Algorithm 1 line 2)",
-            "classification": "classification (lines 3-10)", "selection": "selection (line 11)",
-            "duplicate_check": "duplicate check (line 12)", "implementation": "code (line 13)",
-            "repair": "repair (line 13)", "summary": "summary (lines 17-20)", "prune": "prune (lines 21-24)",
-            "probe": "probe (set-up)"}
-
-
-def _group_anchor(c: dict) -> str:
-    """The anchor of the calls an island made for one generation (or after it, for a crossover)."""
-    stage = c.get("stage")
-    if stage == "setup" or c.get("island") is None:
-        return "xg-setup"
-    return f"{'xc' if stage == 'crossover' else 'xg'}-{c.get('island')}-{c.get('generation')}"
 
 
 def _below(m, eps) -> bool:
