@@ -173,7 +173,8 @@ def _pool_ids(prompt: str) -> list[int]:
 
 class OpenAIServer:
     """A local OpenAI-compatible chat server answering with `llm` (any `(prompt) -> str`); `requests` keeps
-    every prompt it was sent, in order. Use as a context manager; `url` is the --base-url to pass."""
+    every prompt it was sent, in order. An exception from `llm` is answered with HTTP 400 and its text
+    (a failure the client does not retry). Use as a context manager; `url` is the --base-url to pass."""
 
     def __init__(self, llm):
         import http.server
@@ -187,14 +188,21 @@ class OpenAIServer:
                 prompt = "\n".join(m["content"] for m in body["messages"] if m["role"] != "assistant")
                 with server._lock:
                     server.requests.append(prompt)
-                text = llm(prompt)
+                try:
+                    text = llm(prompt)
+                except Exception as e:
+                    self._send(400, {"error": {"message": str(e), "type": "invalid_request_error"}})
+                    return
                 reply = {"id": "chatcmpl-fake", "object": "chat.completion", "model": body["model"],
                          "choices": [{"index": 0, "finish_reason": "stop",
                                       "message": {"role": "assistant", "content": text}}],
                          "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4,
                                    "total_tokens": (len(prompt) + len(text)) // 4}}
+                self._send(200, reply)
+
+            def _send(self, status: int, reply: dict) -> None:
                 data = json.dumps(reply).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -17,6 +17,8 @@ import hcm
 import replay
 import run
 import transcript
+from fake_llm import RuleBasedLLM
+from test_search import PROGRAMS
 from test_transcript import InstantEvaluator, record, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +66,35 @@ def test_replay_reproduces_the_candidates_and_verdicts(recording, tmp_path, monk
     a, b = (json.loads((d / "checkpoint.json").read_text()) for d in (recording, out))
     assert a["global_best"] == b["global_best"] and a["islands"][1]["actions"] == b["islands"][1]["actions"]
     assert json.loads((out / "config.json").read_text())["config"]["replay"] == str(recording)
+
+
+class Flaky(RuleBasedLLM):
+    """Fails every classification and prune call whose prompt hashes to 0 mod 3 (HTTP 400)."""
+
+    def __call__(self, prompt):
+        if hcm.prompt_kind(prompt) in ("classification", "prune") and self._h(prompt, "fail") % 3 == 0:
+            raise RuntimeError("the scripted server refuses this prompt")
+        return super().__call__(prompt)
+
+
+def test_failures_and_a_secondary_model_replay_too(tmp_path, monkeypatch):
+    """Recorded LLM failures are raised again (same class and message), and the secondary model's calls
+    come back from the secondary model's part of the recording."""
+    recorded = tmp_path / "recorded"
+    record(monkeypatch, recorded, generations=5, seed=6, llm=Flaky(PROGRAMS, seed=6, variants=True),
+           more=["--secondary-model", "fake-small"])
+    calls = transcript.read(recorded).calls
+    assert any(c["error"] for c in calls) and {c["role"] for c in calls} == {"main", "secondary"}
+    monkeypatch.delenv("OPENAI_API_KEY")
+    out = tmp_path / "replayed"
+    assert run_main(monkeypatch, ["--replay", str(recorded), "--out", str(out), "--quiet"]) == 0
+    assert sources(out) == sources(recorded) and verdicts(out) == verdicts(recorded)
+    replayed = transcript.read(out).calls
+    assert sorted((c["role"], c["purpose"], str(c["error"])) for c in replayed) == \
+        sorted((c["role"], c["purpose"], str(c["error"])) for c in calls if c["stage"] != "setup")
+    a, b = (json.loads((d / "checkpoint.json").read_text()) for d in (recorded, out))
+    assert a["llm"]["by_class"] == b["llm"]["by_class"] and a["llm"]["by_class"]
+    assert a["usage"]["secondary"]["prompt_tokens"] == b["usage"]["secondary"]["prompt_tokens"]
 
 
 def test_a_different_verdict_is_said_and_counted(recording, tmp_path, monkeypatch, capsys):

@@ -39,14 +39,15 @@ def run_main(monkeypatch, argv: list[str]) -> int:
     return run.main(argv)
 
 
-def record(monkeypatch, out: Path, generations: int = 5, seed: int = 3) -> list[str]:
-    """A search of 2 islands by the rule-based LLM over HTTP; returns the prompts the server was sent."""
+def record(monkeypatch, out: Path, generations: int = 5, seed: int = 3, llm=None, more=()) -> list[str]:
+    """A search of 2 islands by the rule-based LLM (or `llm`) over HTTP; returns the prompts the server was
+    sent."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    with OpenAIServer(RuleBasedLLM(PROGRAMS, seed=seed, variants=True)) as server:
+    with OpenAIServer(llm or RuleBasedLLM(PROGRAMS, seed=seed, variants=True)) as server:
         rc = run_main(monkeypatch, ["--task", "conv_groupnorm_small", "--islands", "2", "--generations",
                                     str(generations), "--base-url", server.url, "--model", "fake-model",
                                     "--freeze", "2", "--eps-rel", "0.95", "--k-idea", "3", "--seed", str(seed),
-                                    "--out", str(out), "--quiet"])
+                                    "--out", str(out), "--quiet", *more])
     assert rc == 0
     return server.requests
 
