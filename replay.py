@@ -161,8 +161,8 @@ class ReplayClient:
             if call.get("stage") == "setup" and call.get("role") == role:
                 self._count(call)
 
-    def for_island(self, island: int):
-        return lambda prompt: self._ask(island, prompt)
+    def for_island(self, island: int) -> "_IslandView":
+        return _IslandView(self, island)
 
     @property
     def last(self):
@@ -190,6 +190,20 @@ class ReplayClient:
             self.usage["reasoning_tokens"] += int(t.get("reasoning") or 0)
             self.usage["total_tokens"] += int(t.get("input") or 0) + int(t.get("output") or 0)
             self.usage["failures"] += call.get("error") is not None
+
+
+class _IslandView:
+    """What island `island` calls: the recorded model, answering that island's calls in order."""
+
+    def __init__(self, client: ReplayClient, island: int):
+        self.client, self.island = client, island
+
+    def __call__(self, prompt: str) -> str:
+        return self.client._ask(self.island, prompt)
+
+    @property
+    def last(self):   # llm_check counts each island's tokens from it
+        return self.client.last
 
 
 class ReplayEvaluator:

@@ -65,6 +65,8 @@ def test_replay_reproduces_the_candidates_and_verdicts(recording, tmp_path, monk
     assert f"replay of {recording}" in (out / "report.md").read_text()
     a, b = (json.loads((d / "checkpoint.json").read_text()) for d in (recording, out))
     assert a["global_best"] == b["global_best"] and a["islands"][1]["actions"] == b["islands"][1]["actions"]
+    assert a["llm"]["tokens"] == b["llm"]["tokens"] and a["usage"]["main"]["prompt_tokens"] == \
+        b["usage"]["main"]["prompt_tokens"]
     assert json.loads((out / "config.json").read_text())["config"]["replay"] == str(recording)
 
 
