@@ -55,6 +55,7 @@ class Config:
     allow_tf32: bool = False
     quiet: bool = False
     report: str | None = None
+    replay: str | None = None
     ray: str | None = None
     ray_cpus: int = 1
     ray_actors: int | None = None
@@ -237,6 +238,9 @@ def _parser(default=None) -> argparse.ArgumentParser:
       help="with --ray and a CPU task: CPUs each evaluation actor asks Ray for")
     a("--ray-actors", type=_count, help="with --ray: at most this many evaluation actors (default: one "
                                         "per GPU of the cluster, or per --ray-cpus CPUs for a CPU task)")
+    a("--replay", metavar="DIR", help="run the search recorded in DIR again, every LLM reply taken from "
+      "DIR/transcript.jsonl (no API key, no network); candidates are evaluated again here and their verdicts "
+      "compared with the recording; --out and --quiet may be given")
     a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
                                       "or killed) and exit")
     return p

@@ -154,6 +154,11 @@ class Client:
         """The latest parsed reply of this thread (also set when that reply then raised), else None."""
         return getattr(self._local, "last", None)
 
+    @property
+    def last_retries(self) -> int:
+        """How many times this thread's latest call was retried."""
+        return getattr(self._local, "retries", 0)
+
     def __call__(self, prompt: str) -> str:
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -163,7 +168,7 @@ class Client:
         """Send `[{"role": "system"|"user"|"assistant", "content": str}, ...]`; return the answer text."""
         check_messages(messages)
         url, headers, body = PROVIDERS[self.provider][0](self, messages)
-        self._local.last = None
+        self._local.last, self._local.retries = None, 0
         deadline = time.monotonic() + self.deadline_s
         self._count(calls=1)
         attempt = 0
@@ -180,6 +185,7 @@ class Client:
                 self._count(retries=1)
                 self.sleep(wait)
                 attempt += 1
+                self._local.retries = attempt
 
     def _retry_wait(self, err: LLMError, attempt: int, deadline: float) -> float | None:
         """Seconds to sleep before the next attempt, or None to give up now."""

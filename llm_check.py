@@ -26,6 +26,7 @@ class ProbeFailed(Exception):
 
 class LLMStopped(llm.LLMError):
     """Raised instead of calling the LLM once the run is stopping after too many failures."""
+    request_sent = False   # the transcript keeps no record of it
 
 
 def probe(client, role: str) -> None:

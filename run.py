@@ -30,8 +30,11 @@ measured once (s_0); then rounds run until the generations, the token budget or 
 A round is the unit of checkpointing: the state (pools, logs, programs, momentum, snapshots, random
 generators) is written atomically to checkpoint.json at round 0 and after every round, and every
 evaluation is stored the moment it finishes, so `--resume DIR` loses nothing and re-evaluates nothing.
-With a deterministic LLM the resumed run is the same as an uninterrupted one.
-Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 130 Ctrl-C.
+With a deterministic LLM the resumed run is the same as an uninterrupted one. Every LLM call, probes
+included, is kept in transcript.jsonl (transcript.py); `--replay DIR` runs a recorded search again with
+its replies, no network (replay.py).
+Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 4 the evaluator
+failed, 5 a replay (--replay DIR, replay.py) left its recording, 130 Ctrl-C.
 """
 from __future__ import annotations
 
@@ -55,9 +58,11 @@ import crossover
 import hcm
 import llm_check
 import momentum
+import replay as replay_mod
 import rundir as rundir_mod
 import report_html
 import tasks
+import transcript
 from run_setup import (SetupError, check_device, make_clients, make_evaluator,  # noqa: F401
                        measure_reference, new_run_dir, record_resume)
 from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
@@ -69,6 +74,7 @@ TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
 EXIT_LLM_FAILURES = 3
 EXIT_EVALUATOR_FAILED = 4
 EXIT_INTERRUPTED = 130
+EXIT_REPLAY_MISMATCH = 5
 _hardware_name = rundir_mod.hardware_name
 REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
 
@@ -141,7 +147,10 @@ class Search:
     """Islands running HCM generations with Algorithm 2 between them."""
 
     def __init__(self, cfg: Config, task: tasks.Task, evaluator, llm_main, llm_cheap, rundir: RunDir,
-                 baseline_ms: float, device: str, out=print):
+                 baseline_ms: float, device: str, out=print, facts: dict | None = None,
+                 book: transcript.Transcript | None = None):
+        """`facts`: the device facts of the prompts' background (a replay gives the recorded ones); `book`: the
+        transcript, when records were made before the run directory existed (the probes)."""
         self.cfg, self.task, self.evaluator, self.rundir = cfg, task, evaluator, rundir
         self.llm_main, self.llm_cheap = llm_main, llm_cheap
         self.s0 = baseline_ms
@@ -161,7 +170,9 @@ class Search:
         self._inflight: dict[str, threading.Event] = {}
         self.hcm_config = hcm.HCMConfig(n_proposals=cfg.proposals, k_idea=cfg.k_idea,
                                         k_hyp=cfg.k_hyp, max_repairs=cfg.repairs)
-        facts = background.device_facts(evaluator, device)
+        self.transcript = book if book is not None else transcript.Transcript()
+        self.transcript.attach(rundir.path)
+        self.facts = facts = facts or background.device_facts(evaluator, device)
         text = background.kernel_background(facts, task.description)
         brief = background.kernel_brief(facts, task.description)
         # Each island names itself in its prompts: islands start from the same empty state, and with a
@@ -269,11 +280,20 @@ class Search:
 
     def _generation(self, island: Island):
         parent = self._parent(island)
-        watch = self.llm_watch   # counts failures in a row and tokens per island
+        g = island.generation + 1
         return hcm.run_generation(island.pool, island.log, task=self.contexts[island.index], parent=parent,
-                                  llm=watch.wrap(self.llm_main, island.index),
-                                  cheap_llm=watch.wrap(self.llm_cheap, island.index), execute=self._execute,
-                                  config=self.hcm_config, rng=island.rng)
+                                  llm=self._llm(self.llm_main, "main", island, g),
+                                  cheap_llm=self._llm(self.llm_cheap, "secondary", island, g),
+                                  execute=self._execute, config=self.hcm_config, rng=island.rng)
+
+    def _llm(self, client, role: str, island: Island, generation: int, stage: str = "generation"):
+        """What HCM calls: `client` as this island sees it (a replay answers per island), watched for
+        failures in a row and tokens (llm_check), every call kept in the transcript."""
+        if client is None:
+            return None
+        view = client.for_island(island.index) if hasattr(client, "for_island") else client
+        return self.transcript.recorder(self.llm_watch.wrap(view, island.index), client, role=role,
+                                        island=island.index, generation=generation, stage=stage)
 
     # -- Algorithm 2, applied at the end of each round, in island order -------------------------
 
@@ -335,7 +355,9 @@ class Search:
             merged = hcm.merge_pools(island.pool, partner.pool, src_name=f"island {partner.index}",
                                      dst_name=f"island {island.index}")
             notes = hcm.prune_pool(island.pool, island.log,
-                                   llm=self.llm_watch.wrap(self.llm_cheap or self.llm_main, island.index),
+                                   llm=self._llm(self.llm_cheap or self.llm_main,
+                                                 "secondary" if self.llm_cheap else "main", island,
+                                                 island.generation, stage="crossover"),
                                    config=self.hcm_config, task=self.contexts[island.index])
             record.update(action="crossover", partner=action, parent=given.id,
                           merged_ideas=merged, pruned=notes)
@@ -408,7 +430,8 @@ class Search:
                 "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts, "drifts": self.drifts,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
-                "events": self.rundir.events_written}
+                "events": self.rundir.events_written, "transcript": self.transcript.lines,
+                "device_facts": self.facts}
 
     def checkpoint(self) -> None:
         self.rundir.save_checkpoint(self.state())
@@ -426,6 +449,7 @@ class Search:
         self.llm_watch.restore(state.get("llm", {}))
         self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])
+        self.transcript.rewind(state.get("transcript"))
         for client, key in ((self.llm_main, "main"), (self.llm_cheap, "secondary")):
             saved = state["usage"].get(key)
             if client is not None and saved and isinstance(getattr(client, "usage", None), dict):
@@ -524,24 +548,32 @@ def _main(cfg: Config, given: set[str]) -> int:
         print(report_html.write(Path(cfg.report)))
         return 0
     say = (lambda line: None) if cfg.quiet else print
+    recording = None
     if cfg.resume:
         rd = rundir_mod.RunDir.open(Path(cfg.resume))
         config = rd.read_config()
         cfg, changes = cli.resume_config(config["config"], cfg, given)
+        if cfg.replay:
+            raise SetupError(f"--resume {rd.path}: a replay cannot be resumed; run --replay {cfg.replay} again")
         task, note = rd.saved_task(config)
         if note:
             print(f"run.py: note: {note}", file=sys.stderr)
         state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
+    elif cfg.replay:   # the recording's task and options; its LLM replies, s_0, device facts and results
+        recording = replay_mod.Recording.open(Path(cfg.replay))
+        cfg = recording.config(cfg, given)
+        task, changes, state, config = recording.task, {}, None, None
     else:
         task, changes, state, config = cli.load_task(cfg.task), {}, None, None
     if cfg.out and not cfg.resume:
         rundir_mod.RunDir.check_new(Path(cfg.out))   # before anything slow: an existing run stays untouched
     device = cfg.device or task.device
     check_device(device, task)
-    llm_main, llm_cheap = make_clients(cfg)
+    book = transcript.Transcript()
+    llm_main, llm_cheap = recording.clients() if recording else make_clients(cfg)
     for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
-        if client is not None:
-            llm_check.probe(client, role)
+        if client is not None and not recording:
+            llm_check.probe(book.recorder(client, role=role, stage="setup", purpose="probe"), role)
     if cfg.resume:
         rd = rundir_mod.RunDir(rd.path, Path(cfg.eval_cache) if cfg.eval_cache else None)
         record_resume(rd, config, cfg, changes, state)
@@ -552,9 +584,14 @@ def _main(cfg: Config, given: set[str]) -> int:
     try:
         evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd), rd, task, cfg,
                                                 device, say)
+        if recording:   # the search sees the recording's s_0 and results; this machine's go beside them
+            evaluator = recording.evaluator(evaluator, lambda line: print(f"run.py: {line}", file=sys.stderr))
+            say(f"replaying {recording.path}: s_0 {recording.s0:.4g} ms as recorded (measured here: "
+                f"{measured:.4g} ms); every LLM reply from its transcript")
         try:
-            baseline = state["baseline_ms"] if state else measured   # a resumed run keeps its s_0
-            search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device)
+            baseline = state["baseline_ms"] if state else recording.s0 if recording else measured
+            search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device, book=book,
+                            facts=recording.facts if recording else None)
             if state:
                 search.restore(state)
                 say(f"resuming {rd.path} at round {search.round}")
@@ -579,6 +616,9 @@ def _main(cfg: Config, given: set[str]) -> int:
     except SetupError as e:
         raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
                          f"continue with --resume {rd.path})") from None
+    except replay_mod.ReplayMismatch as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return EXIT_REPLAY_MISMATCH
     report = write_report(search, why)
     write_html_report(rd.path)
     gb = search.global_best
@@ -590,6 +630,8 @@ def _main(cfg: Config, given: set[str]) -> int:
         best = (f"No candidate beat the reference; the fastest correct one ({gb['speedup']:.3f}x, slower) "
                 f"is in {rd.path / 'best.py'}. ")
     print(f"done: {why}. {best}Report: {report}, {rd.path / 'report.html'}")
+    if recording:
+        print(f"replay: {search.evaluator.replay_summary()}")
     if search.llm_watch.tripped:
         print(f"run.py: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
               "(--model, --base-url, --provider may change)", file=sys.stderr)

@@ -117,7 +117,8 @@ def _run_cli(args, timeout=900):
 def _comparable(state: dict) -> dict:
     """The search state, without what legitimately differs between two runs (usage, timing sums)."""
     return {k: v for k, v in state.items()
-            if k not in ("usage", "eval_seconds", "eval_counts", "events", "llm", "wall_s", "drifts")}
+            if k not in ("usage", "eval_seconds", "eval_counts", "events", "llm", "wall_s", "drifts",
+                         "transcript")}
 
 
 def _action_kinds(out: Path) -> set:
