@@ -713,7 +713,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     marks = out.split()
-    assert len(marks) >= 3, out
+    assert len(marks) >= 2, out   # the runner and the reference worker, and the spares where there are any
     deadline = time.monotonic() + 10
     while _marked(marks) and time.monotonic() < deadline:
         time.sleep(0.1)
