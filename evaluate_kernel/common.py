@@ -208,7 +208,8 @@ class Options:
     max_pairs: int = 40  # ... and at most this many
     target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: 0.5% on a
     # GPU, 2% on the CPU) ...
-    timing_s: float = 10.0  # ... or after this long
+    timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 3 s on the CPU, where a
+    # loaded machine may never reach 2% and every candidate of a search would pay the whole budget)
     verify_per_batch: int = 1  # calls per candidate batch whose outputs are checked (chosen after its digests)
     probe_ms: float = 0.2  # a trivial kernel slower than this (or 4x its idle time) after a batch: GPU busy
     drain_s: float = 5.0  # the GPU must be idle this soon after the candidate's batch ends

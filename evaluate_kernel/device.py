@@ -98,7 +98,7 @@ class Device:
         return self.ev.env(**extra)
 
     def _start_ref(self) -> dict:
-        self.ref = self.ev.new_worker(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
+        self.ref = self.ev.spawn_ref(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
         self.ref.send(self.ev.job("ref", device=self.ev.torch_device(), cpus=self.ev.other_cpus,
                                   on_device=self.ev.opts.inputs_on_device))
         try:

@@ -135,6 +135,7 @@ class Evaluation:
         opts, dev = self.opts, self.dev
         gpu = self.ev.device == "cuda"
         target = opts.target_ci if opts.target_ci is not None else (0.005 if gpu else 0.02)
+        budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 3.0)
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
         dev.ref_call({"cmd": "timing", "cpus": self.cpus})   # fresh batches, on the runner's cores
@@ -170,7 +171,7 @@ class Evaluation:
                 refs.append(self._ref_batch(seed, n_next, i, keep))
                 n = n_next
                 f = clock.figures(refs, cands)
-                if clock.enough(f, target, opts.min_pairs) or time.monotonic() - started > opts.timing_s:
+                if clock.enough(f, target, opts.min_pairs) or time.monotonic() - started > budget_s:
                     break
             if gpu:
                 self.details["probe_idle_ms"] = dev.info.get("probe_ms")

@@ -333,10 +333,19 @@ class Evaluator:
 
     def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> Worker:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
-        (builders and runners: they run candidate code) start in the namespace when there is one."""
+        (builders and runners: they run candidate code) start in the namespace when there is one. Every
+        worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
         self._check_code()
         return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
-                       namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None)
+                      namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
+                      dies_with_parent=True)
+
+    def spawn_ref(self, env: dict[str, str], log_path: str) -> Worker:
+        """A reference worker (outside any namespace: it never runs candidate code), from the spawner."""
+        try:
+            return self._spawner.submit(self.new_worker, env, log_path).result()
+        except RuntimeError:  # the spawner is shut down: closing
+            return self.new_worker(env, log_path)
 
     def spawn_warm(self, env: dict[str, str], log_path: str) -> Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the
@@ -353,6 +362,10 @@ class Evaluator:
             return self._spawner.submit(start).result()
         except RuntimeError:  # the spawner is shut down: closing
             return start()
+
+    def _wants_pch(self, src: str) -> bool:
+        """A source that builds nothing need not wait for torch's precompiled header."""
+        return "load_inline" in src or "cpp_extension" in src
 
     # ---------------------------------------------------------------- stages
     def _pick(self, gpu: int | None) -> Device:
@@ -384,7 +397,7 @@ class Evaluator:
                     "a cached build from another Evaluator is not trusted without a namespace (candidates could "
                     "forge its marker); rebuilt")
                 shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
-            if self._pch_ready is not None:
+            if self._pch_ready is not None and self._wants_pch(src):
                 self._pch_ready.result()
             with self._build_sem:
                 os.makedirs(os.path.dirname(marker), exist_ok=True)

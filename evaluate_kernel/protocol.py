@@ -73,7 +73,8 @@ class Worker:
     """
 
     def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
-                 mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None):
+                 mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
+                 dies_with_parent: bool = False):
         r, w = os.pipe()
         self.log_path = log_path
         self.mark = mark or f"pv{secrets.token_hex(8)}"
@@ -88,7 +89,7 @@ class Worker:
             namespace.wrap(argv) if namespace else argv,
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),
             env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
-            preexec_fn=_preexec(warm, cpus))
+            preexec_fn=_preexec(warm or dies_with_parent, cpus))
         os.close(w)
         self._rfd = r
         self._buf = b""
@@ -211,8 +212,8 @@ def _parent_of(pid: int) -> int:
         return 0
 
 
-def _preexec(warm: bool, cpus: list[int] | None):
-    die = _die_with_parent_preexec() if warm else None
+def _preexec(die_with_parent: bool, cpus: list[int] | None):
+    die = _die_with_parent_preexec() if die_with_parent else None
     if die is None and not cpus:
         return None
 
@@ -228,10 +229,11 @@ def _preexec(warm: bool, cpus: list[int] | None):
 
 
 def _die_with_parent_preexec():
-    """For spares: SIGKILL when the thread that started them ends (the evaluator's spawner thread, or the
-    whole evaluator). A spare is SIGSTOPped while a candidate is timed; a stopped process never sees its
+    """SIGKILL when the thread that started the worker ends (the evaluator's spawner thread, or the whole
+    evaluator). A runner is SIGSTOPped whenever the reference is timed; a stopped process never sees its
     pipes close, so without this a killed evaluator would leave it behind, holding memory and possibly a
-    CUDA context. Set between fork and exec, so there is no moment when a spare could be stopped without it."""
+    CUDA context (the reference worker too, busy, would outlive it for a while). Set between fork and
+    exec, so there is no moment when a worker could be stopped without it."""
     import ctypes
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, in the parent

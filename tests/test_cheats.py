@@ -373,8 +373,11 @@ class _Pool:
         if reference not in self._evaluators:
             ek = _evaluate_kernel()
             # A shorter run timeout than the default keeps a hung cheat from stalling the suite for minutes.
+            # Fewer pairs than a search's default: each verdict takes about a second of timing, and a twin
+            # comparison needs only the noise PROFIT_TOLERANCE allows.
             self._evaluators[reference] = ek.Evaluator(
-                REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45)
+                REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45,
+                max_pairs=12, timing_s=4.0)
         return self._evaluators[reference]
 
     def close(self) -> None:

@@ -714,10 +714,22 @@ os.kill(os.getpid(), signal.SIGKILL)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     marks = out.split()
     assert len(marks) >= 2, out   # the runner and the reference worker, and the spares where there are any
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while _marked(marks) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _marked(marks), _marked(marks)
+    left = {pid: _describe_process(pid) for pid in _marked(marks)}
+    assert not left, left
+
+
+def _describe_process(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return f"state {state}: {cmd}"
+    except OSError:
+        return "gone"
 
 
 def _marked(marks: list[str]) -> list[int]:
