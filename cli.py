@@ -333,7 +333,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(0, version_text() + "\n")
+        print(version_text())
+        parser.exit(0)
 
 
 def version_text() -> str:

@@ -368,9 +368,9 @@ def connect(address: str) -> bool:
             text = "no Ray cluster is running on this machine"
         else:
             text = f"cannot reach a Ray cluster there ({text})"
-        raise ClusterError(f"{text}; start one with `ray start --head` (other hosts join with `ray start "
-                           "--address=HEAD:6379`), reach one from outside with --ray ray://HEAD:10001, or "
-                           "use --ray local to start Ray on this machine alone") from None
+        raise ClusterError(f"{text}; start one with `ray start --head` and pass --ray auto, reach one from "
+                           "outside with --ray ray://HEAD:10001, or use --ray local to start Ray on this "
+                           "machine alone") from None
     return True
 
 

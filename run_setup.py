@@ -144,10 +144,13 @@ def connect_ray(cfg: Config, device: str, log: "RunLog | None" = None) -> bool:
                          "requirements-ray.txt, or run without --ray") from None
     if log is not None:
         log.adopt("ray")
+    started = False
     try:
         started = ray_eval.connect(cfg.ray)
         ray_eval.check_capacity(device, cfg.ray_cpus, cfg.ray_actors)
     except ray_eval.ClusterError as e:
+        if started:
+            ray_eval.ray.shutdown()
         raise SetupError(f"--ray {cfg.ray}: {e}") from None
     if log is not None:
         log.adopt("ray")   # ray.init may have set its handlers up again
