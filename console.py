@@ -24,6 +24,8 @@ def generation_result(gen, score: float | None, s0: float, llm_failures: list[st
         text = f"{s0 / score:.2f}x ({score:.4g} ms)"
     elif outcome is None:
         text = gen.status   # no candidate: no_program, duplicate_program, llm_error, ...
+    elif outcome.status == "ok":   # the evaluator said ok, but its runtime is no number to rank by
+        text = "ok, not scored (no finite runtime)"
     elif outcome.status == "execute_error":
         text = f"no verdict: the evaluator failed ({failure_reason('', outcome.message)})"
     else:

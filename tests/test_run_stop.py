@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -145,6 +146,11 @@ def _args(url: str, out: Path, generations: int) -> list:
             "--model", "fake", "--seed", 5, "--freeze", 2, "--eps-rel", 0.95, "--out", out]
 
 
+def _tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
 def test_twenty_interruptions_never_change_a_verdict(warm, tmp_path):
     rng = random.Random(2026)
     moments = [Moment(MOMENTS[i % len(MOMENTS)], rng.randint(1, 3), rng.uniform(0, 0.03),
@@ -153,6 +159,7 @@ def test_twenty_interruptions_never_change_a_verdict(warm, tmp_path):
     with _serve(RuleBasedLLM(PROGRAMS + [NONFINITE], seed=3, variants=True, stable=True)) as url:
         code, out, err = _fork_run(_args(url, tmp_path / "whole", generations), None, tmp_path / "whole")
         assert code == 0, out + err
+        _check_console(out)
         whole = _verdicts(tmp_path / "whole")
         assert {v.get("status") for v in whole.values()} >= {"ok", "incorrect"}
         assert "not scored" in (tmp_path / "whole" / "events.jsonl").read_text()   # a NaN runtime came up
@@ -174,7 +181,52 @@ def test_twenty_interruptions_never_change_a_verdict(warm, tmp_path):
                 assert chains < 6, "moments never reached"
             assert "Traceback" not in err, err
             _check_same_search(tmp_path / "whole", target, whole)
+        # a finished run resumed: it says so, and nothing is probed, measured or written
+        before = _tree(target)
+        code, out, err = _fork_run(["--resume", target], None, tmp_path / "finished")
+        assert code == 0 and err == "" and out.strip() == (
+            f"run.py: {target} is finished: {generations} of {generations} generations done, nothing to add; "
+            f"nothing was changed (to go on: python run.py --resume {target} --generations N, N > {generations})")
+        assert _tree(target) == before
     assert fired == 20
+
+
+def _check_console(out: str) -> None:
+    """A failed candidate's line says why; a repaired one says so; a NaN runtime is no score."""
+    lines = [line for line in out.splitlines() if line.startswith("[island") and " gen " in line]
+    assert any(re.search(r"\d\.\d\dx \([\d.]+ ms\) after 1 repair of (incorrect|runtime_error)", line)
+               for line in lines), out
+    assert any("idea" in line and ": ok, not scored (no finite runtime)" in line for line in lines), out
+    assert all("nan" not in line.split("island best")[1] for line in lines if "island best" in line)
+
+
+REAL_MESSAGES = [   # as the evaluator words them (CPU, conv_groupnorm_small)
+    ("incorrect", "incorrect on trial 0 (inputs: own): output 0: elementwise bound rtol*|ref|+atol*RMS(ref) "
+                  "exceeded; relative L2 error 0.0202 > 1e-05; worst at index [14, 0, 6, 8]: got 2.70078, expected "
+                  "2.49825 (abs err 0.203, RMS(ref) 2.88)", "output 0 at [14, 0, 6, 8]: got 2.70078, expected 2.49825"),
+    ("incorrect", "incorrect on trial 0 (inputs: own): output 0 has non-finite values where the reference has "
+                  "none, or not the reference's inf/nan (first at index [0, 0, 0, 0]: got nan, expected 2.84346)",
+     "output 0 at [0, 0, 0, 0]: got nan, expected 2.84346"),
+    ("runtime_error", "forward: RuntimeError: shape '[3, -1, 7]' is invalid for input of size 49152 [candidate "
+                      "line 13 in forward: return x.view(3, -1, 7)]",
+     "RuntimeError: shape '[3, -1, 7]' is invalid for input of size 49152 (line 13)"),
+    ("rejected", "rejected by rule 'subprocess' (no subprocesses, shell commands or sockets) at line 14: return "
+                 "os.system('x')", "rule 'subprocess' (no subprocesses, shell commands or sockets) at line 14"),
+]
+
+
+@pytest.mark.parametrize("status,message,reason", REAL_MESSAGES, ids=["wrong", "nan", "error", "rule"])
+def test_a_failed_candidates_line_says_why_in_a_few_words(status, message, reason):
+    import console
+    import hcm
+    gen = hcm.GenerationResult(status="evaluated", idea_id=2, outcome=hcm.Outcome(status, message=message),
+                               attempts=[{"status": "incorrect"}, {"status": "incorrect"}, {"status": status}])
+    assert console.failure_reason(status, message) == reason
+    assert console.generation_result(gen, None, 1.0, []) == f"{status} ({reason}) after 2 repairs"
+    ok = hcm.GenerationResult(status="evaluated", outcome=hcm.Outcome("ok", score=0.5),
+                              attempts=[{"status": status}, {"status": "ok"}])
+    assert console.generation_result(ok, 0.5, 1.0, ["AuthError"]) == \
+        f"2.00x (0.5 ms) after 1 repair of {status} [1 LLM call failed: AuthError]"
 
 
 def _check_stopped(code: int, err: str, moment: Moment, out: Path, whole: dict) -> None:
@@ -195,3 +247,79 @@ def _check_same_search(whole: Path, out: Path, verdicts: dict) -> None:
     assert _comparable(b) == _comparable(a)
     assert (out / "best.py").read_text() == (whole / "best.py").read_text()
     assert _generations(out) == _generations(whole)   # each generation exactly once in events.jsonl
+
+
+# ---------------------------------------------------------------------------------------------- non-finite scores
+
+@pytest.mark.parametrize("bad", [{"runtime_ms": float("nan"), "speedup": float("nan")},
+                                 {"runtime_ms": 1.0, "speedup": float("nan")},
+                                 {"runtime_ms": float("inf"), "speedup": 0.0},
+                                 {"runtime_ms": 1.0, "speedup": float("inf")},
+                                 {"runtime_ms": 0.0, "speedup": None}],
+                         ids=["nan", "nan-speedup", "inf", "inf-speedup", "zero"])
+def test_nonfinite_scores_are_never_a_best_nor_enter_momentum(bad, tmp_path):
+    """An evaluator answering "ok" with a runtime or speedup that is no finite, positive number: the run
+    goes on, but that candidate is no island's or the run's best, momentum sees a generation without
+    improvement, nothing is stored, and every later number stays finite."""
+    import tasks
+    from fake_evaluator import Result
+
+    class Evaluator:
+        opts = None
+
+        def __init__(self):
+            self.calls = 0
+
+        def evaluate(self, src):
+            self.calls += 1
+            return Result("ok", baseline_ms=1.0, message="ok", **bad)
+
+    cfg = run.Config(task="conv_groupnorm_small", islands=2, generations=3, seed=1, freeze=1, eps_rel=0.9,
+                     quiet=True)
+    rd = run.RunDir(tmp_path / "run")
+    search = run.Search(cfg, tasks.get("conv_groupnorm_small"), Evaluator(), RuleBasedLLM(PROGRAMS, variants=True),
+                        None, rd, baseline_ms=2.0, device="cpu")
+    assert search.run() == "all generations done"
+    assert search.evaluator.calls >= 6
+    assert search.global_best is None
+    for island in search.islands:
+        assert island.best is None and [p.id for p in island.elites] == [run.REFERENCE]
+        assert island.momentum.best == 2.0 and island.momentum.value < 1.0   # no progress, finite
+        assert all(b == 2.0 for _, b in island.trajectory)
+    assert not list(rd.evals.glob("*.json")) and not (rd.path / "best.py").exists()
+    state = json.dumps(search.state())
+    assert "NaN" not in state and "Infinity" not in state
+
+
+# ---------------------------------------------------------------------------------------------- stopped by the LLM
+
+def test_llm_failures_stop_with_one_stopped_line_and_exit_3(warm, tmp_path):
+    from http_fixtures import ScriptedServer
+    from test_run_guard import OK_REPLY
+    server = ScriptedServer()
+    server.add(200, OK_REPLY)   # the probe passes, then the key is revoked
+    for _ in range(12):
+        server.add(401, {"error": {"message": "Incorrect API key provided"}})
+    try:
+        code, out, err = _fork_run(["--task", "conv_groupnorm_small", "--islands", "2", "--generations", "5",
+                                    "--base-url", server.url + "/v1", "--model", "fake", "--max-llm-failures", "3",
+                                    "--out", tmp_path / "run"], None, tmp_path / "run")
+    finally:
+        server.close()
+    assert code == 3, out + err
+    assert out.strip().splitlines()[-1].startswith("stopped: 3 LLM calls in a row failed (last: AuthError")
+    assert err.strip().startswith("run.py: stopped: 3 LLM calls in a row failed") and "--resume" in err
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "- stopped: 3 LLM calls in a row failed" in report and "stopped: stopped" not in report
+
+
+def test_leftovers_of_a_stopped_write_and_empty_worker_logs_are_removed(tmp_path):
+    rd = run.RunDir(tmp_path / "run")
+    (rd.path / "checkpoint.json.123.456.tmp").write_text("{")
+    (rd.candidates / "abc.py.1.2.tmp").write_text("x")
+    rd.logs.mkdir()
+    (rd.logs / "ref-0.log").write_text("")
+    (rd.logs / "runner-3.log").write_text("CUDA error: ...\n")
+    rd.remove_leftovers()
+    assert not list(rd.path.rglob("*.tmp"))
+    assert [p.name for p in rd.logs.iterdir()] == ["runner-3.log"]
