@@ -40,7 +40,11 @@ failed, 130 Ctrl-C (SIGINT), 143 SIGTERM.
 """
 from __future__ import annotations
 
-import concurrent.futures
+import stopping
+if __name__ == "__main__":   # a signal while the modules below load: one line, no traceback
+    stopping.quiet_until_installed()
+
+import concurrent.futures  # noqa: E402
 import dataclasses
 import json
 import math
@@ -62,7 +66,6 @@ import llm_check
 import momentum
 import rundir as rundir_mod
 import report_html
-import stopping
 import tasks
 from run_setup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
                        measure_reference, new_run_dir, nothing_to_add, record_resume)

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -34,15 +35,24 @@ class SetupError(Exception):
 
 
 def new_run_dir(cfg: Config, task: tasks.Task, device: str) -> rundir_mod.RunDir:
-    """The run directory of a new run, with its reference copy and config.json."""
-    rd = rundir_mod.RunDir.create(Path(cfg.out) if cfg.out else None, task.name,
-                                  Path(cfg.eval_cache) if cfg.eval_cache else None)
-    cfg.out = str(rd.path)
-    rd.save_reference(task)
-    rd.write_config({"config": dataclasses.asdict(cfg), "task": rundir_mod.task_settings(task),
-                     "reference_sha256": rundir_mod.sha256(task.reference_src), "device": device,
-                     "hardware": rundir_mod.hardware_name(device), "versions": rundir_mod.versions(device),
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumes": []})
+    """The run directory of a new run, with its reference copy and config.json; made whole or not at all
+    (a Ctrl-C while it is made leaves no directory that is not a run)."""
+    path = Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name)
+    existed = path.exists()
+    rd = rundir_mod.RunDir.create(path, task.name, Path(cfg.eval_cache) if cfg.eval_cache else None)
+    try:
+        cfg.out = str(rd.path)
+        rd.save_reference(task)
+        rd.write_config({"config": dataclasses.asdict(cfg), "task": rundir_mod.task_settings(task),
+                         "reference_sha256": rundir_mod.sha256(task.reference_src), "device": device,
+                         "hardware": rundir_mod.hardware_name(device), "versions": rundir_mod.versions(device),
+                         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumes": []})
+    except BaseException:
+        for child in rd.path.iterdir():   # all ours: the directory was missing or empty
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if not existed:
+            rd.path.rmdir()
+        raise
     return rd
 
 

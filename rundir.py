@@ -291,11 +291,14 @@ def _unwritable(path: Path) -> str:
             return f"{existing} is on a read-only file system"
     except OSError:
         pass
+    probe = None
     try:
         probe = tempfile.mkdtemp(prefix=".pacevolve-probe-", dir=existing)
-        os.rmdir(probe)
     except OSError as e:
         return f"cannot write in {existing} ({e.strerror})"
+    finally:   # even on Ctrl-C: the check leaves nothing behind
+        if probe:
+            os.rmdir(probe)
     return ""
 
 

@@ -113,6 +113,18 @@ class StopRequest:
             raise KeyboardInterrupt
 
 
+def quiet_until_installed() -> None:
+    """Until a StopRequest is installed, SIGINT or SIGTERM ends the process with one line instead of a
+    traceback from whatever module was loading (run.py calls this before its other imports): nothing has
+    been made or changed yet."""
+    def handle(signum, frame):
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (Ctrl-C)"
+        os.write(2, f"run.py: {what} during set-up; nothing was made or changed\n".encode())
+        os._exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED)
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+
+
 def _pending(*signums: int) -> bool:
     """Whether one of `signums` was sent to this process and not yet taken by a thread (Linux)."""
     try:

@@ -323,3 +323,97 @@ def test_leftovers_of_a_stopped_write_and_empty_worker_logs_are_removed(tmp_path
     rd.remove_leftovers()
     assert not list(rd.path.rglob("*.tmp"))
     assert [p.name for p in rd.logs.iterdir()] == ["runner-3.log"]
+
+
+# ---------------------------------------------------------------------------------------------- the real evaluator
+
+def _expected_status(src: str) -> str:
+    """What the evaluator must say about the scripted LLM's programs (tests/test_run.py): WRONG is incorrect,
+    the others (honest, its variant, the slow one) are ok."""
+    return "incorrect" if "torch.logsumexp(F.hardswish(torch.tanh" in src and "for _ in range" not in src else "ok"
+
+
+@pytest.mark.slow
+def test_twenty_interruptions_of_python_run_py_with_the_real_evaluator(tmp_path):
+    """`python run.py` with the real evaluator, stopped 20 times at random moments (while a candidate is
+    evaluated, during an LLM call, right after a checkpoint, during set-up) by Ctrl-C (SIGINT to its process
+    group, as a terminal sends it) or SIGTERM, and resumed each time: no stored verdict differs from what the
+    candidate deserves, none blames a killed worker or a closed evaluator, and each generation is recorded
+    once. About 5 minutes on 2 cores."""
+    from test_run import _env
+    rng = random.Random(7)
+    requests = threading.Event()
+
+    class Slow(RuleBasedLLM):
+        def __call__(self, prompt):
+            requests.set()
+            time.sleep(0.2)   # an LLM call takes a while: a signal can land inside it
+            return super().__call__(prompt)
+
+    answer = Slow(PROGRAMS, seed=3, variants=True, stable=True)
+
+    fired, runs = 0, 0
+    with _serve(answer) as url:
+        while fired < 20:
+            runs += 1
+            out = tmp_path / f"run{runs}"
+            args = ["--task", "conv_groupnorm_small", "--islands", "2", "--generations", "3", "--base-url", url,
+                    "--model", "fake", "--out", out]
+            code = None
+            while code != 0:
+                how = rng.choice(["ctrl-c", "kill"])
+                proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *map(str, args)], cwd=ROOT,
+                                        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+                moment = rng.choice(["evaluation", "evaluation", "llm", "checkpoint", "setup"]) if fired < 20 else None
+                if moment and _wait_for(moment, out, proc, requests, rng):
+                    if how == "ctrl-c":
+                        os.killpg(proc.pid, signal.SIGINT)
+                    else:
+                        proc.send_signal(signal.SIGTERM)
+                stdout, stderr = proc.communicate(timeout=600)
+                code = proc.returncode
+                assert "Traceback" not in stderr, stderr
+                if code != 0:
+                    fired += 1
+                    assert code == (130 if how == "ctrl-c" else 143), (moment, how, code, stderr)
+                    assert ("interrupted (Ctrl-C)" if code == 130 else "terminated (SIGTERM)") in stderr
+                _check_real_verdicts(out)
+                args = ["--resume", out]
+            assert _generations(out) == [(i, g) for i in (0, 1) for g in (1, 2, 3)]
+            assert not [p for p in (out / "logs").glob("*") if p.stat().st_size == 0]
+
+
+def _wait_for(moment: str, out: Path, proc, requests: threading.Event, rng) -> bool:
+    """Wait for the moment (False when the run ended first), plus a random part of it."""
+    deadline = time.time() + 300
+    mtime = (out / "checkpoint.json").stat().st_mtime_ns if (out / "checkpoint.json").exists() else 0
+    requests.clear()
+    while proc.poll() is None and time.time() < deadline:
+        if moment == "setup":
+            time.sleep(rng.uniform(0.5, 6))
+            return proc.poll() is None
+        if moment == "llm" and requests.is_set():
+            time.sleep(rng.uniform(0, 0.15))
+            return proc.poll() is None
+        if moment == "checkpoint" and (out / "checkpoint.json").exists() and \
+                (out / "checkpoint.json").stat().st_mtime_ns != mtime:
+            return proc.poll() is None
+        if moment == "evaluation" and (out / "candidates").is_dir():
+            evaluated = {json.loads(p.read_text()).get("program_id") for p in (out / "evals").glob("*.json")}
+            if {p.stem for p in (out / "candidates").glob("*.py")} - evaluated:
+                time.sleep(rng.uniform(0, 2.5))
+                return proc.poll() is None
+        time.sleep(0.01)
+    return False
+
+
+def _check_real_verdicts(out: Path) -> None:
+    for path in (out / "evals").glob("*.json"):
+        result = json.loads(path.read_text())
+        if "program_id" not in result:
+            continue   # the reference's runtime
+        src = (out / "candidates" / f"{result['program_id']}.py").read_text()
+        assert result["status"] == _expected_status(src), (path.name, result["status"], result.get("message"))
+        if result["status"] == "ok":
+            assert result["runtime_ms"] > 0 and result["runtime_ms"] < float("inf")
