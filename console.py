@@ -2,6 +2,7 @@
 
     generation_result(gen, score, s0)   # "1.22x (4.091 ms)", "incorrect (output 0 at [1, 2]: got 2.7, ...)"
     failure_reason(status, message)     # the evaluator's message cut to the few words that say why
+    final_lines(why, cause, best, ...)  # "done: ..." or "stopped: ...", and the fix for a stop
 
 A failed candidate's line carries its reason (the first differing output, the error and its line, the rule
 broken); a candidate that needed repairs says so and what was repaired; LLM failures name their classes.
@@ -39,6 +40,26 @@ def generation_result(gen, score: float | None, s0: float, llm_failures: list[st
         n = len(llm_failures)
         text += f" [{n} LLM call{'s' * (n > 1)} failed: {', '.join(sorted(set(llm_failures)))}]"
     return text
+
+
+def final_lines(why: str, cause: str, best: dict | None, s0: float, path, report) -> tuple[str, str]:
+    """The last line on stdout ("done: ..." or "stopped: ..." with the best and the reports) and, for a run
+    stopped by `cause` ("llm" or "evaluator"; "" when it ended normally), the fix on stderr ("" if none)."""
+    if best is None:
+        found = "No correct candidate. "
+    elif best["runtime_ms"] < s0:
+        found = f"Best {best['speedup']:.3f}x ({best['runtime_ms']:.4g} ms) in {path / 'best.py'}. "
+    else:
+        found = (f"No candidate beat the reference; the fastest correct one ({best['speedup']:.3f}x, slower) "
+                 f"is in {path / 'best.py'}. ")
+    done = f"{'stopped' if cause else 'done'}: {why}. {found}Report: {report}, {path / 'report.html'}"
+    if cause == "llm":
+        return done, (f"run.py: stopped: {why}. Fix the LLM set-up, then continue with: python run.py --resume "
+                      f"{path} (--model, --base-url, --provider may change)")
+    if cause == "evaluator":
+        return done, (f"run.py: stopped: {why}. Fix the evaluator's set-up (device, cluster), then continue "
+                      f"with: python run.py --resume {path}")
+    return done, ""
 
 
 def failure_reason(status: str, message: str, limit: int = REASON_CHARS) -> str:

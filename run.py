@@ -403,20 +403,8 @@ class Search:
     def write_best(self) -> None:
         """best.py for the checkpointed global best: written after each checkpoint (and on resume), so it
         never shows a program of a round a stop left unfinished."""
-        gb = self.global_best
-        if gb is None:
-            return
-        score, pid = gb["runtime_ms"], gb["program"]
-        slower = ("\n# SLOWER than the reference: no correct candidate has beaten it yet; this is the "
-                  "fastest one found" if score >= self.s0 else "")
-        header = (f"# pacevolve best for task {self.task.name}: {score:.4g} ms, "
-                  f"{self.s0 / score:.3f}x the PyTorch reference ({self.s0:.4g} ms) on "
-                  f"{_hardware_name(self.device)}{slower}\n# island {gb['island']}, generation "
-                  f"{gb['generation']}, program {pid}\n")
-        text = header + self.rundir.program(pid)
-        path = self.rundir.path / "best.py"
-        if not path.exists() or path.read_text() != text:
-            write_atomic(path, text)
+        if self.global_best is not None:
+            self.rundir.save_best(self.global_best, self.task.name, self.s0, _hardware_name(self.device))
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -637,43 +625,23 @@ def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None
                          f"continue with --resume {rd.path})") from None
     report = write_report(search, why)
     write_html_report(rd.path)
-    gb = search.global_best
-    if gb is None:
-        best = "No correct candidate. "
-    elif gb["runtime_ms"] < search.s0:
-        best = f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) in {rd.path / 'best.py'}. "
-    else:
-        best = (f"No candidate beat the reference; the fastest correct one ({gb['speedup']:.3f}x, slower) "
-                f"is in {rd.path / 'best.py'}. ")
-    stopped = search.llm_watch.tripped or search.evaluator_error
-    print(f"{'stopped' if stopped else 'done'}: {why}. {best}Report: {report}, {rd.path / 'report.html'}")
-    if search.llm_watch.tripped:
-        print(f"run.py: stopped: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
-              "(--model, --base-url, --provider may change)", file=sys.stderr)
-        return EXIT_LLM_FAILURES
-    if search.evaluator_error:
-        print(f"run.py: stopped: {why}. Fix the evaluator's set-up (device, cluster), then continue with: "
-              f"python run.py --resume {rd.path}", file=sys.stderr)
-        return EXIT_EVALUATOR_FAILED
-    return 0
+    cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evaluator_error else ""
+    done, fix = console.final_lines(why, cause, search.global_best, search.s0, rd.path, report)
+    print(done)
+    if fix:
+        print(fix, file=sys.stderr)
+    return {"llm": EXIT_LLM_FAILURES, "evaluator": EXIT_EVALUATOR_FAILED}.get(cause, 0)
 
 
 def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir):
-    """After Ctrl-C or SIGTERM with the run directory made: the report (once the search had started), one
-    line, exit 130 or 143. Worker threads may still sit in an LLM call: everything is on disk, so the
-    process ends without waiting for them."""
-    stop.closing = True   # a signal from now on no longer raises; a second one ends the process at once
-    if search is not None:
-        try:   # islands may still be finishing their round in worker threads
+    """After Ctrl-C or SIGTERM with the run directory made: the reports (once the search had started; the
+    islands may still be finishing their round in worker threads), one line, exit 130 or 143."""
+    def reports():
+        if search is not None:
             write_report(search, stop.what)
             write_html_report(rd.path)
-        except Exception:
-            pass
-    rd.remove_leftovers()
-    print(f"run.py: {stop.what}; continue with: python run.py --resume {rd.path}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(stop.exit_code)
+        rd.remove_leftovers()
+    stopping.exit_after(stop, reports, f"continue with: python run.py --resume {rd.path}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ stop request that every thread sees at once, and KeyboardInterrupt in the main t
         ...                      # KeyboardInterrupt is raised here on the first signal
     stop.requested()             # any thread: True from the moment the signal arrived
     stop.exit_code, stop.what    # 130, "interrupted (Ctrl-C)"  or  143, "terminated (SIGTERM)"
+    exit_after(stop, close, advice)   # close(), one line, exit 130/143
 
 Why a flag beside the exception: only the main thread gets KeyboardInterrupt, while the islands' worker
 threads go on. An evaluation they finish after the signal may be a casualty of it (Ctrl-C reaches the
@@ -24,6 +25,7 @@ import contextlib
 import os
 import select
 import signal
+import sys
 import threading
 import time
 
@@ -111,6 +113,21 @@ class StopRequest:
         self._event.set()
         if not self.closing:
             raise KeyboardInterrupt
+
+
+def exit_after(stop: StopRequest, close, advice: str):
+    """End the process after a stop: `close()` (best effort: it must not hide the stop), one line with
+    `advice`, exit 130 or 143. Worker threads may still sit in an LLM call; everything that matters is on
+    disk, so the process ends without waiting for them."""
+    stop.closing = True   # a signal from now on no longer raises; a second one ends the process at once
+    try:
+        close()
+    except Exception:
+        pass
+    print(f"run.py: {stop.what}; {advice}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(stop.exit_code)
 
 
 def quiet_until_installed() -> None:
