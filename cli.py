@@ -368,7 +368,9 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     unknown = re.match(r"unrecognized arguments: (\S+)", message)
     if unknown:
         word = unknown.group(1).split("=")[0]
-        close = difflib.get_close_matches(word, flags, n=1, cutoff=0.6) if word.startswith("-") else []
+        close = difflib.get_close_matches(word, flags, n=3, cutoff=0.5) if word.startswith("-") else []
+        # a typo keeps the start of the word: --gens is --generations rather than the shorter --gpus
+        close.sort(key=lambda f: -len(os.path.commonprefix([f, word])))
         return f"; did you mean {close[0]}?" if close else ""
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if choice:
