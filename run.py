@@ -308,8 +308,10 @@ class Search:
         the candidate's own runtime where the result has no speedup."""
         if r["status"] != "ok" or not _positive(r.get("runtime_ms")):
             return None
-        score = self.s0 / r["speedup"] if r.get("speedup") is not None else r["runtime_ms"]
-        return score if _positive(score) else None
+        speedup = r.get("speedup")
+        if speedup is None:
+            return r["runtime_ms"]
+        return self.s0 / speedup if _positive(speedup) and _positive(self.s0 / speedup) else None
 
     def _generation(self, island: Island):
         parent = self._parent(island)

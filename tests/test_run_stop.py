@@ -256,8 +256,9 @@ def _check_same_search(whole: Path, out: Path, verdicts: dict) -> None:
                                  {"runtime_ms": 1.0, "speedup": float("nan")},
                                  {"runtime_ms": float("inf"), "speedup": 0.0},
                                  {"runtime_ms": 1.0, "speedup": float("inf")},
-                                 {"runtime_ms": 0.0, "speedup": None}],
-                         ids=["nan", "nan-speedup", "inf", "inf-speedup", "zero"])
+                                 {"runtime_ms": 0.0, "speedup": None},
+                                 {"runtime_ms": 1.0, "speedup": 0.0}],
+                         ids=["nan", "nan-speedup", "inf", "inf-speedup", "zero", "zero-speedup"])
 def test_nonfinite_scores_are_never_a_best_nor_enter_momentum(bad, tmp_path):
     """An evaluator answering "ok" with a runtime or speedup that is no finite, positive number: the run
     goes on, but that candidate is no island's or the run's best, momentum sees a generation without
