@@ -264,9 +264,10 @@ def _parser(default=None) -> argparse.ArgumentParser:
       help="LLM repairs of a failing candidate within one generation")
 
     group = p.add_argument_group("evaluation")
-    a("--gpus", type=_gpus, metavar="IDS", help="comma-separated GPU indices for evaluation, e.g. 0,1 (default: all visible)")
-    a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and "
-                                          "source, so runs re-use each other's verdicts (default: the run's evals/)")
+    a("--gpus", type=_gpus, metavar="IDS",
+      help="comma-separated GPU indices for evaluation, e.g. 0,1 (default: all visible)")
+    a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and source, so "
+                                          "runs re-use each other's verdicts (default: the run's evals/)")
     a("--reference-limit", type=_positive, default=Config.reference_limit, metavar="SECONDS",
       help="stop at once if measuring the reference takes longer than this")
 

@@ -560,7 +560,8 @@ def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.Stop
         return stop.exit_code
 
 
-def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None, log: RunLog | None = None) -> int:
+def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None,
+          log: RunLog | None = None) -> int:
     """Set up (task, device, LLM, cluster, run directory), measure s_0, run the islands, report."""
     stop = stop or stopping.StopRequest()
     if cfg.report:

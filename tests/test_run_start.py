@@ -211,3 +211,32 @@ def test_a_transport_error_names_host_and_cause_not_the_whole_chain():
         client("hi")
     assert "Connection refused" in str(e.value) and "HTTPConnectionPool" not in str(e.value)
     assert len(str(e.value)) < 120, str(e.value)
+
+
+def test_third_party_warnings_go_to_the_runs_log_not_the_console(tmp_path, capsys):
+    import logging
+    import warnings
+
+    import rundir
+    from run_setup import RunLog
+    log = RunLog()
+    try:
+        ray_like = logging.getLogger("ray")
+        own = logging.StreamHandler(sys.stderr)
+        ray_like.addHandler(own)   # a library that prints on its own handler, as Ray does
+        log.adopt("ray")
+        ray_like.warning("Token authentication is enabled for this Ray cluster")   # before the directory exists
+        rd = rundir.RunDir(tmp_path / "run")
+        log.attach(rd)
+        warnings.warn("TypedStorage is deprecated", UserWarning)
+        logging.getLogger("llm").warning("openai HTTP 503: overloaded; retry 1 of 2 in 0.5 s")   # our own news
+    finally:
+        log.close()
+        restored = list(ray_like.handlers)
+        ray_like.removeHandler(own)
+    assert restored == [own]   # put back as it was
+    err = capsys.readouterr().err
+    assert "Token authentication" not in err and "TypedStorage" not in err
+    assert "retry 1 of 2" in err
+    text = (tmp_path / "run" / "logs" / "run.log").read_text()
+    assert "Token authentication" in text and "TypedStorage is deprecated" in text
