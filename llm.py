@@ -232,15 +232,27 @@ class Client:
         except (requests.Timeout, urllib3.exceptions.TimeoutError) as exc:
             if time.monotonic() >= deadline:
                 raise DeadlineExceeded(f"deadline of {self.deadline_s:g} s passed") from exc
-            raise TransportError(f"timed out: {exc}", retryable=True) from exc
+            raise TransportError(f"timed out: {_transport_text(exc)}", retryable=True) from exc
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             # InvalidURL, MissingSchema and the like are ValueErrors too: a bad base_url will not heal
-            raise TransportError(f"{type(exc).__name__}: {exc}", retryable=not isinstance(exc, ValueError)) from exc
+            raise TransportError(f"{type(exc).__name__}: {_transport_text(exc)}",
+                                 retryable=not isinstance(exc, ValueError)) from exc
 
     def _count(self, **amounts: int) -> None:
         with self._lock:
             for name, n in amounts.items():
                 self.usage[name] += n
+
+
+def _transport_text(exc: Exception) -> str:
+    """requests' text for a failed connection, cut to the host and the cause: its own text repeats the URL
+    and nests the cause several times (near 500 characters for a Gemini URL)."""
+    text = str(exc)
+    host = re.search(r"host='([^']+)', port=(\d+)", text)
+    cause = (re.search(r"\[Errno -?\d+\] [^'\")]+", text) or re.search(r"(Read|Connect) timed out", text))
+    if host and cause:
+        return f"{host[1]}:{host[2]}: {cause[0].strip()}"
+    return text
 
 
 def detect_provider(model: str, base_url: str | None = None) -> str:

@@ -30,22 +30,29 @@ measured once (s_0); then rounds run until the generations, the token budget or 
 A round is the unit of checkpointing: the state (pools, logs, programs, momentum, snapshots, random
 generators) is written atomically to checkpoint.json at round 0 and after every round, and every
 evaluation is stored the moment it finishes, so `--resume DIR` loses nothing and re-evaluates nothing.
-With a deterministic LLM the resumed run is the same as an uninterrupted one. Every LLM call, probes
-included, is kept in transcript.jsonl (transcript.py); `--replay DIR` runs a recorded search again with
-its replies, no network (replay.py).
+With a deterministic LLM the resumed run is the same as an uninterrupted one. Only verdicts about a
+candidate are stored: an evaluation that raised (the evaluator's own failure) or that finished after a
+stop was asked for (Ctrl-C, SIGTERM, or the run ending for any other reason: its workers may have been
+killed under it) is no verdict, is never stored, and runs again on resume. A score that is not a finite,
+positive runtime is never a best and never enters momentum. Every LLM call, probes included, is kept in
+transcript.jsonl (transcript.py); `--replay DIR` runs a recorded search again with its replies, no network
+(replay.py).
 Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 4 the evaluator
-failed, 5 a replay (--replay DIR, replay.py) left its recording, 130 Ctrl-C.
+failed, 5 a replay (--replay DIR) left its recording, 130 Ctrl-C (SIGINT), 143 SIGTERM.
 """
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
+import stopping
+if __name__ == "__main__":   # a signal while the modules below load: one line, no traceback
+    stopping.quiet_until_installed()
+
+import concurrent.futures  # noqa: E402
 import dataclasses
 import json
+import math
 import os
 import random
 import re
-import signal
 import sys
 import threading
 import time
@@ -54,6 +61,7 @@ from pathlib import Path
 
 import background
 import cli
+import console
 import crossover
 import hcm
 import llm_check
@@ -63,8 +71,8 @@ import rundir as rundir_mod
 import report_html
 import tasks
 import transcript
-from run_setup import (SetupError, check_device, make_clients, make_evaluator,  # noqa: F401
-                       measure_reference, new_run_dir, record_resume)
+from run_setup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
+                       measure_reference, new_run_dir, nothing_to_add, record_resume)
 from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
 from report import write_report  # noqa: F401
 from rundir import RunDir, write_atomic  # noqa: F401
@@ -73,7 +81,8 @@ TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
 EXIT_LLM_FAILURES = 3
 EXIT_EVALUATOR_FAILED = 4
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = stopping.EXIT_INTERRUPTED
+EXIT_TERMINATED = stopping.EXIT_TERMINATED
 EXIT_REPLAY_MISMATCH = 5
 _hardware_name = rundir_mod.hardware_name
 REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
@@ -148,10 +157,14 @@ class Search:
 
     def __init__(self, cfg: Config, task: tasks.Task, evaluator, llm_main, llm_cheap, rundir: RunDir,
                  baseline_ms: float, device: str, out=print, facts: dict | None = None,
-                 book: transcript.Transcript | None = None):
+                 book: transcript.Transcript | None = None, stop: stopping.StopRequest | None = None):
         """`facts`: the device facts of the prompts' background (a replay gives the recorded ones); `book`: the
-        transcript, when records were made before the run directory existed (the probes)."""
+        transcript, when records were made before the run directory existed (the probes); `stop`: the signals'
+        stop request (main installs it); evaluations finishing after it are dropped."""
         self.cfg, self.task, self.evaluator, self.rundir = cfg, task, evaluator, rundir
+        self.stop = stop or stopping.StopRequest()
+        self.closed = threading.Event()   # run() has ended: nothing that finishes now is a verdict
+        self.discarded = 0                # evaluations dropped for that (their round is never checkpointed)
         self.llm_main, self.llm_cheap = llm_main, llm_cheap
         self.s0 = baseline_ms
         self.target = baseline_ms / cfg.target_speedup if cfg.target_speedup else 0.0
@@ -239,13 +252,7 @@ class Search:
             waiter.wait()   # another island is evaluating the same source right now
         if cached is None:
             try:
-                try:
-                    result = self.evaluator.evaluate(src).to_dict()
-                except Exception as exc:   # a candidate's failure is a status; an exception is the evaluator's
-                    self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-                    raise
-                result["program_id"] = pid
-                self.rundir.store_eval(key, result)   # stored before any waiter wakes up
+                result = self._verdict(pid, key, src)   # stored before any waiter wakes up
             finally:
                 with self._eval_lock:
                     self._inflight.pop(key).set()
@@ -263,7 +270,42 @@ class Search:
                               runtime_ms=self.score(result))
         return self._outcome(result)
 
+    def _verdict(self, pid: str, key: str, src: str) -> dict:
+        """The evaluator's verdict on `src`, stored; no verdict (an exception, or an evaluation that ended
+        after a stop was asked for) raises and stores nothing."""
+        try:
+            result = self.evaluator.evaluate(src).to_dict()
+        except Exception as exc:   # a candidate's failure is a status; an exception is the evaluator's
+            if self._stopping():
+                raise self._discard(pid) from None
+            self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            self.rundir.event("evaluation", program=pid, status="no_verdict", failed="evaluator",
+                              message=self.evaluator_error)
+            raise
+        result["program_id"] = pid
+        with self._eval_lock:
+            if self._stopping():   # the signal may have killed its workers, or close() stopped it
+                raise self._discard(pid)
+            if result["status"] == "ok" and self.score(result) is None:
+                return result   # a runtime that is no number: not a verdict to keep (see _outcome)
+            if result["status"] != "ok":
+                result["failed"] = "candidate"   # every stored failure is the candidate's
+            self.rundir.store_eval(key, result)
+        return result
+
+    def _stopping(self) -> bool:
+        return self.closed.is_set() or self.stop.requested()
+
+    def _discard(self, pid: str) -> Exception:
+        self.discarded += 1
+        return EvaluationDiscarded(f"the evaluation of {pid} ended after the run was asked to stop; "
+                                   "it was not stored and runs again on resume")
+
     def _outcome(self, r: dict) -> hcm.Outcome:
+        if r["status"] == "ok" and self.score(r) is None:
+            return hcm.Outcome(status="ok", score=None, metric="ok, not scored",
+                               message=f"ok, but the runtime it measured is no finite, positive number "
+                                       f"({r.get('runtime_ms')} ms, speedup {r.get('speedup')}); not scored")
         score = self.score(r)
         # An ok message is restated against the run's s_0: the evaluator's own baseline (measured again
         # after a resume, or per GPU) would show the model a second speedup for the same program.
@@ -274,9 +316,12 @@ class Search:
         """The runtime at the run's reference conditions: s_0 / speedup, where the speedup comes from the
         reference timed beside the candidate (the machine's load between now and the start cancels out);
         the candidate's own runtime where the result has no speedup."""
-        if r["status"] != "ok" or not r.get("runtime_ms"):
+        if r["status"] != "ok" or not _positive(r.get("runtime_ms")):
             return None
-        return self.s0 / r["speedup"] if r.get("speedup") else r["runtime_ms"]
+        speedup = r.get("speedup")
+        if speedup is None:
+            return r["runtime_ms"]
+        return self.s0 / speedup if _positive(speedup) and _positive(self.s0 / speedup) else None
 
     def _generation(self, island: Island):
         parent = self._parent(island)
@@ -303,6 +348,7 @@ class Search:
         island.forced_parent = None
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
+        score = score if _positive(score) else None   # a NaN or inf is never a best nor momentum
         pid = gen.program_id or None
         if score is not None and pid:
             island.elites = sorted([p for p in island.elites if p.id != pid] + [Program(pid, score)],
@@ -371,18 +417,17 @@ class Search:
                   + "  weights " + ", ".join(f"{k}={v:.3f}" for k, v in record["weights"].items()))
 
     def _update_global_best(self, island: Island, pid: str, score: float) -> None:
-        if self.global_best is not None and score >= self.global_best["runtime_ms"]:
+        if not _positive(score) or (self.global_best is not None and score >= self.global_best["runtime_ms"]):
             return
         self.global_best = {"program": pid, "runtime_ms": score, "speedup": self.s0 / score,
                             "island": island.index, "generation": island.generation,
                             "round": self.round}
-        slower = ("\n# SLOWER than the reference: no correct candidate has beaten it yet; this is the "
-                  "fastest one found" if score >= self.s0 else "")
-        header = (f"# pacevolve best for task {self.task.name}: {score:.4g} ms, "
-                  f"{self.s0 / score:.3f}x the PyTorch reference ({self.s0:.4g} ms) on "
-                  f"{_hardware_name(self.device)}{slower}\n# island {island.index}, generation "
-                  f"{island.generation}, program {pid}\n")
-        write_atomic(self.rundir.path / "best.py", header + self.rundir.program(pid))
+
+    def write_best(self) -> None:
+        """best.py for the checkpointed global best: written after each checkpoint (and on resume), so it
+        never shows a program of a round a stop left unfinished."""
+        if self.global_best is not None:
+            self.rundir.save_best(self.global_best, self.task.name, self.s0, _hardware_name(self.device))
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -394,23 +439,27 @@ class Search:
                 if self._over_budget():
                     return "token budget reached"
                 gens = list(pool.map(self._generation, self.islands))
+                if self.discarded or self.stop.requested():   # never checkpoint a round with a dropped result
+                    self.stop.interrupt()
                 self.round += 1
                 for island, gen in zip(self.islands, gens):
                     self._record(island, gen)
                 if self.llm_watch.tripped:   # no intervention on generations the LLM never served
                     self.checkpoint()
-                    return (f"stopped: {self.llm_watch.limit} LLM calls in a row failed (last: "
+                    return (f"{self.llm_watch.limit} LLM calls in a row failed (last: "
                             f"{self.llm_watch.last_error})")
                 if self.evaluator_error:   # every later candidate would fail the same way
                     self.checkpoint()
-                    return f"stopped: the evaluator failed ({self.evaluator_error})"
+                    return f"the evaluator failed ({self.evaluator_error})"
                 if self.round < self.cfg.generations:   # after an island's last generation nothing can change
                     for island in self.islands:
                         self._intervene(island)
                 self.checkpoint()
                 write_html_report(self.rundir.path)
         finally:
-            # on Ctrl-C, do not wait for the round in flight: its evaluations are already stored
+            # on Ctrl-C, do not wait for the round in flight: its finished evaluations are stored, and any
+            # that finishes from now on is dropped (the evaluator is closed next)
+            self.closed.set()
             pool.shutdown(wait=False, cancel_futures=True)
         return "all generations done"
 
@@ -435,6 +484,7 @@ class Search:
 
     def checkpoint(self) -> None:
         self.rundir.save_checkpoint(self.state())
+        self.write_best()
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.time() - self.started
@@ -450,6 +500,7 @@ class Search:
         self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])
         self.transcript.rewind(state.get("transcript"))
+        self.write_best()   # a stop between a checkpoint and its best.py leaves the old one
         for client, key in ((self.llm_main, "main"), (self.llm_cheap, "secondary")):
             saved = state["usage"].get(key)
             if client is not None and saved and isinstance(getattr(client, "usage", None), dict):
@@ -464,19 +515,21 @@ class Search:
             self.out(line)
 
     def _progress(self, island: Island, gen, score: float | None) -> None:
-        failed = _llm_failures(gen.events)
-        result = f"{self.s0 / score:.2f}x ({score:.4g} ms)" if score else (
-            gen.outcome.status if gen.outcome else gen.status)
-        if gen.status == "llm_error" and failed:
-            result = f"llm_error ({', '.join(sorted(set(failed)))})"
-        elif failed:
-            result += (f" [{len(failed)} LLM call{'s' * (len(failed) > 1)} failed: "
-                       f"{', '.join(sorted(set(failed)))}]")
+        result = console.generation_result(gen, score, self.s0, _llm_failures(gen.events))
         best = island.momentum.best
         glob = max(1.0, self.global_best["speedup"] if self.global_best else 1.0)   # the reference is 1.00x
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"
-                  f" island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
+                  f"  island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
                   f"m={island.momentum.value:.3f}  tokens {self.tokens():,}")
+
+
+class EvaluationDiscarded(Exception):
+    """An evaluation that ended after the run was asked to stop: no verdict, never stored."""
+
+
+def _positive(x) -> bool:
+    """A usable runtime or score: a finite number above zero (NaN, inf, 0 and None are not)."""
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
 def _usage(client) -> dict:
@@ -509,39 +562,31 @@ load_task = cli.load_task
 
 def main(argv: list[str] | None = None) -> int:
     cfg = cli.parse_args(argv)   # a bad option exits 2 here, with one line
-    with _terminate_as_interrupt():
-        return _main_with_messages(cfg, argv)
-
-
-def _main_with_messages(cfg: Config, argv: list[str] | None) -> int:
+    stop, log = stopping.StopRequest(), RunLog()
     try:
-        return _main(cfg, cli.given_options(argv))
+        with stop.installed():   # SIGINT and SIGTERM end a run the same way: report written, resumable
+            return _main_with_messages(cfg, argv, stop, log)
+    finally:
+        log.close()
+
+
+def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.StopRequest, log: RunLog) -> int:
+    try:
+        return _main(cfg, cli.given_options(argv), stop, log)
     except (SetupError, cli.UsageError, rundir_mod.RunDirError, llm_check.ProbeFailed) as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("run.py: interrupted (Ctrl-C) during set-up; " + (
+        stop.closing = True
+        print(f"run.py: {stop.what} during set-up; " + (
             f"{cfg.resume} is unchanged" if cfg.resume else "no run directory was made"), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stop.exit_code
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM (a job scheduler, `timeout`) ends a run as Ctrl-C does: report written, resumable."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _main(cfg: Config, given: set[str]) -> int:
-    """Set up (task, device, LLM, run directory), measure s_0, run the islands, report."""
+def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None,
+          log: RunLog | None = None) -> int:
+    """Set up (task, device, LLM, cluster, run directory), measure s_0, run the islands, report."""
+    stop = stop or stopping.StopRequest()
     if cfg.report:
         if not Path(cfg.report, "events.jsonl").exists() and not Path(cfg.report, "checkpoint.json").exists():
             raise SetupError(f"--report {cfg.report}: not a run directory (no events.jsonl or checkpoint.json)")
@@ -556,42 +601,53 @@ def _main(cfg: Config, given: set[str]) -> int:
         if cfg.replay:
             raise SetupError(f"--resume {rd.path}: a replay cannot be resumed; run --replay {cfg.replay} again")
         task, note = rd.saved_task(config)
+        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
+        finished = nothing_to_add(state, cfg, rd.path)
+        if finished:   # nothing measured, probed or written
+            print(f"run.py: {finished}")
+            return 0
         if note:
             print(f"run.py: note: {note}", file=sys.stderr)
-        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
     elif cfg.replay:   # the recording's task and options; its LLM replies, s_0, device facts and results
         recording = replay_mod.Recording.open(Path(cfg.replay))
         cfg = recording.config(cfg, given)
         task, changes, state, config = recording.task, {}, None, None
+        rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
     else:
         task, changes, state, config = cli.load_task(cfg.task), {}, None, None
-    if cfg.out and not cfg.resume:
-        rundir_mod.RunDir.check_new(Path(cfg.out))   # before anything slow: an existing run stays untouched
+        # before anything slow: an existing run stays untouched, an unusable place is named
+        rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
     device = cfg.device or task.device
     check_device(device, task)
     book = transcript.Transcript()
     llm_main, llm_cheap = recording.clients() if recording else make_clients(cfg)
     for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
         if client is not None and not recording:
-            llm_check.probe(book.recorder(client, role=role, stage="setup", purpose="probe"), role)
+            llm_check.probe(book.recorder(client, role=role, stage="setup", purpose="probe"), role,
+                            getattr(client, "origin", None))
+    owns_ray = connect_ray(cfg, device, log) if cfg.ray else False   # before the directory and s_0
+    stop.install()   # ray.init replaces the SIGTERM handler with one that exits at once
     if cfg.resume:
         rd = rundir_mod.RunDir(rd.path, Path(cfg.eval_cache) if cfg.eval_cache else None)
+        rd.remove_leftovers()
         record_resume(rd, config, cfg, changes, state)
     else:
         rd = new_run_dir(cfg, task, device)
-    # From here on the run directory exists: Ctrl-C leaves it resumable.
+    if log is not None:
+        log.attach(rd)
+    # From here on the run directory exists: Ctrl-C or SIGTERM leaves it resumable.
     search = None
     try:
-        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd), rd, task, cfg,
-                                                device, say)
+        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd, owns_ray), rd, task,
+                                                cfg, device, say)
         if recording:   # the search sees the recording's s_0 and results; this machine's go beside them
             evaluator = recording.evaluator(evaluator, lambda line: print(f"run.py: {line}", file=sys.stderr))
             say(f"replaying {recording.path}: s_0 {recording.s0:.4g} ms as recorded (measured here: "
                 f"{measured:.4g} ms); every LLM reply from its transcript")
-        try:
+        try:   # a resumed run keeps its s_0; a replay takes the recording's
             baseline = state["baseline_ms"] if state else recording.s0 if recording else measured
             search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device, book=book,
-                            facts=recording.facts if recording else None)
+                            facts=recording.facts if recording else None, stop=stop)
             if state:
                 search.restore(state)
                 say(f"resuming {rd.path} at round {search.round}")
@@ -602,17 +658,9 @@ def _main(cfg: Config, given: set[str]) -> int:
             why = search.run()
         finally:
             evaluator.close()
+            rd.remove_leftovers()
     except KeyboardInterrupt:
-        if search is not None:
-            try:   # islands may still be finishing their round in worker threads
-                write_report(search, "interrupted (Ctrl-C)")
-                write_html_report(rd.path)
-            except Exception:
-                pass
-        print(f"run.py: interrupted (Ctrl-C); continue with: python run.py --resume {rd.path}",
-              file=sys.stderr)
-        sys.stdout.flush()
-        os._exit(EXIT_INTERRUPTED)   # worker threads may still sit in an LLM call; everything is on disk
+        _stop_on_signal(stop, search, rd)
     except SetupError as e:
         raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
                          f"continue with --resume {rd.path})") from None
@@ -621,26 +669,25 @@ def _main(cfg: Config, given: set[str]) -> int:
         return EXIT_REPLAY_MISMATCH
     report = write_report(search, why)
     write_html_report(rd.path)
-    gb = search.global_best
-    if gb is None:
-        best = "No correct candidate. "
-    elif gb["runtime_ms"] < search.s0:
-        best = f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) in {rd.path / 'best.py'}. "
-    else:
-        best = (f"No candidate beat the reference; the fastest correct one ({gb['speedup']:.3f}x, slower) "
-                f"is in {rd.path / 'best.py'}. ")
-    print(f"done: {why}. {best}Report: {report}, {rd.path / 'report.html'}")
+    cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evaluator_error else ""
+    done, fix = console.final_lines(why, cause, search.global_best, search.s0, rd.path, report)
+    print(done)
     if recording:
         print(f"replay: {search.evaluator.replay_summary()}")
-    if search.llm_watch.tripped:
-        print(f"run.py: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
-              "(--model, --base-url, --provider may change)", file=sys.stderr)
-        return EXIT_LLM_FAILURES
-    if search.evaluator_error:
-        print(f"run.py: {why}. Fix the evaluator's set-up (device, cluster), then continue with: "
-              f"python run.py --resume {rd.path}", file=sys.stderr)
-        return EXIT_EVALUATOR_FAILED
-    return 0
+    if fix:
+        print(fix, file=sys.stderr)
+    return {"llm": EXIT_LLM_FAILURES, "evaluator": EXIT_EVALUATOR_FAILED}.get(cause, 0)
+
+
+def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir):
+    """After Ctrl-C or SIGTERM with the run directory made: the reports (once the search had started; the
+    islands may still be finishing their round in worker threads), one line, exit 130 or 143."""
+    def reports():
+        if search is not None:
+            write_report(search, stop.what)
+            write_html_report(rd.path)
+        rd.remove_leftovers()
+    stopping.exit_after(stop, reports, f"continue with: python run.py --resume {rd.path}")
 
 
 if __name__ == "__main__":

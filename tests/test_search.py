@@ -232,7 +232,7 @@ def test_a_broken_evaluator_stops_the_run_after_its_round(tmp_path):
     search = make_search(tmp_path, islands=2, seed=3)
     search.evaluator = BrokenEvaluator()
     why = advance(search, 5)
-    assert search.round == 1 and why.startswith("stopped: the evaluator failed (ConnectionError: the cluster")
+    assert search.round == 1 and why.startswith("the evaluator failed (ConnectionError: the cluster")
     assert json.loads((search.rundir.path / "checkpoint.json").read_text())["round"] == 1
 
 
