@@ -27,6 +27,7 @@ class Batches:
         self.batch = -1
         self.sets: list = []
         self.outs: list = []
+        self.pads: list = []
         self.kept: dict[str, list] = {}   # "batch:call" -> outputs
         self.weights: dict = {}          # digest weights, per output size
         self.keep_now: list[int] = []
@@ -38,10 +39,13 @@ class Batches:
         keep = keep or {}
         if keep.get("batch") == self.batch:
             self._keep(keep["calls"])
-        self.outs, self.sets = [], []
+        self.outs, self.sets, self.pads = [], [], []
         self.batch, self.keep_now = batch, list(keep.get("calls", [])) if keep.get("batch") == batch else []
         with torch.no_grad():
-            self.sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device)
+            # On the CPU each set lies behind a pad of random size: a process's memory layout then changes
+            # from call to call, instead of favouring or hampering a whole process's calls by its luck.
+            self.sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device,
+                                   pads=self.pads if self.device.type == "cpu" else None)
         _sync(self.device)
 
     def go(self) -> None:
@@ -71,7 +75,7 @@ class Batches:
             calls.append(tensors)
         with torch.no_grad():
             values = digests(calls, self.weights)
-        self.outs, self.sets = calls, []
+        self.outs, self.sets, self.pads = calls, [], []
         if self.keep_now:
             self._keep(self.keep_now)
             self.keep_now = []

@@ -41,19 +41,30 @@ def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
     return out
 
 
-def _draw_sets(ref_ns: dict, seed: int, n: int, device, on_device: bool = True, to_device: bool = True) -> list:
+def _draw_sets(ref_ns: dict, seed: int, n: int, device, on_device: bool = True, to_device: bool = True,
+               pads: list | None = None) -> list:
     """n input sets from get_inputs() after one seeding, on the timing device (or the CPU when get_inputs()
-    needs it); with to_device=False, one (set, device drawn on) pair instead."""
+    needs it); with to_device=False, one (set, device drawn on) pair instead. With `pads` (a list the
+    caller keeps), each set is drawn behind a host allocation of random size (0-1 MiB, appended to pads),
+    so the sets and what each call allocates start at addresses of their own."""
+    import os
+
     import torch
     draw_on = device if on_device else torch.device("cpu")
+
+    def draw() -> list:
+        if pads is not None:
+            pads.append(torch.empty(int.from_bytes(os.urandom(2), "little") * 16, dtype=torch.uint8))
+        return list(ref_ns["get_inputs"]())
+
     _set_seed(seed)
     try:
         with torch.device(draw_on):
-            sets = [list(ref_ns["get_inputs"]()) for _ in range(n)]
+            sets = [draw() for _ in range(n)]
     except Exception:  # noqa: BLE001 - a get_inputs() that needs CPU tensors (.numpy() etc.) runs on the CPU
         draw_on = torch.device("cpu")
         _set_seed(seed)
-        sets = [list(ref_ns["get_inputs"]()) for _ in range(n)]
+        sets = [draw() for _ in range(n)]
     if not to_device:
         return [(sets[0], draw_on)]
     return [[x.to(device) if isinstance(x, torch.Tensor) else x for x in xs] for xs in sets]
