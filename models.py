@@ -233,10 +233,10 @@ class CostUCB(Choice):
         g_bar = sum(s["gain"] for s in called.values()) / calls if calls else 0.0
         k = PRIOR_CALLS
         paid = [s["usd"] / s["calls"] for s in called.values() if s["usd"] > 0]
-        if not paid:   # every call was free: gain per call
+        cost = {m: max(s["usd"], FREE_CALL * min(paid) * s["calls"]) for m, s in called.items()} if paid else {}
+        c_bar = sum(cost.values()) / calls if calls else 0.0
+        if c_bar <= 0:   # every call was free: gain per call
             return {m: (s["gain"] + k * g_bar) / (s["calls"] + k) for m, s in called.items()}
-        cost = {m: max(s["usd"], FREE_CALL * min(paid) * s["calls"]) for m, s in called.items()}
-        c_bar = sum(cost.values()) / calls
         return {m: (s["gain"] + k * g_bar) / (cost[m] + k * c_bar) for m, s in called.items()}
 
     def index(self) -> dict[str, float]:
@@ -269,7 +269,7 @@ class Spend:
         self.total = 0.0                 # dollars paid (priced models), every call this run made
         self.models: dict[str, dict] = {}
         self.rounds: list[float] = []    # the cost of each finished round
-        self.needed = 0.0                # what a round cut short by the cap would have needed, at least
+        self.cut_short: dict = {}        # a round the cap cut short: what it needed, under which cap and limit
         self.refused = ""                # why a call was refused: from then on every call is
         self.reserved = 0.0              # estimates of the calls in flight
         self.pending: dict = {}          # island -> [{"role", "model", "usd"}] since its last generation
@@ -298,9 +298,13 @@ class Spend:
             if self.cap is not None:
                 after = self.total + self.reserved + est
                 if not self.refused and after > self.cap:
-                    self.needed = self.total - self._round_start + self.reserved + est
+                    self.cut_short = {"needed_usd": self.total - self._round_start + self.reserved + est,
+                                      "cap_usd": self.cap, "max_output_tokens": self.max_output}
+                    guessed = not self.max_output and not (self.models.get(model) or {}).get("longest")
                     self.refused = (f"dollar budget reached: {usd(self.total)} of {usd(self.cap)} spent, and the next "
-                                    f"{model} call (about {usd(est)}) would pass it")
+                                    f"{model} call (up to about {usd(est)}) would pass it"
+                                    + (f" (its output counted at {PROBE_OUTPUT if probe else OUTPUT_ESTIMATE:,} "
+                                       "tokens until it has answered: --max-output-tokens bounds it)" if guessed else ""))
                 if self.refused:
                     raise BudgetReached(self.refused)
             self.reserved += est
@@ -342,14 +346,18 @@ class Spend:
     def round_finished(self) -> None:
         with self._lock:
             self.rounds.append(self.total - self._round_start)
-            self.needed = 0.0
+            self.cut_short = {}
             self._save()
 
     def forecast(self) -> float:
-        """The expected cost of the next round: the mean of the last rounds (0 before the first), or more
-        when a round was cut short by the cap (it is run again whole)."""
+        """The expected cost of the next round: the mean of the last rounds (0 before the first), or what a
+        round cut short by the cap needed, while the cap and --max-output-tokens are those that cut it short
+        (the same call would be refused again; under others, it may not be)."""
         recent = self.rounds[-RECENT_ROUNDS:]
-        return max(sum(recent) / len(recent) if recent else 0.0, self.needed)
+        mean = sum(recent) / len(recent) if recent else 0.0
+        c = self.cut_short
+        same = c and c.get("cap_usd") == self.cap and c.get("max_output_tokens") == self.max_output
+        return max(mean, float(c["needed_usd"])) if same else mean
 
     def stop_reason(self) -> str:
         """Why no round should start now ("" when one may): a refused call, or the cap in reach."""
@@ -365,7 +373,7 @@ class Spend:
 
     def to_dict(self) -> dict:
         return {"total_usd": self.total, "models": {k: dict(v) for k, v in self.models.items()},
-                "rounds_usd": list(self.rounds), "cut_short_needed_usd": self.needed, "cap_usd": self.cap,
+                "rounds_usd": list(self.rounds), "cut_short": dict(self.cut_short), "cap_usd": self.cap,
                 "prices": {k: None if p is None else [p.input, p.output] for k, p in self.prices.items()}}
 
     def attach(self, save: Callable[[dict], None]) -> None:
@@ -384,7 +392,7 @@ class Spend:
         self.total = float(d.get("total_usd") or 0.0)
         self.models = {k: dict(v) for k, v in (d.get("models") or {}).items()}
         self.rounds = [float(x) for x in d.get("rounds_usd") or []]
-        self.needed = float(d.get("cut_short_needed_usd") or 0.0)
+        self.cut_short = dict(d.get("cut_short") or {})
         self._round_start = self.total
 
 

@@ -195,7 +195,7 @@ class Cost:
                 parts.append(f"<h3>{title}</h3><table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head)
                              + "</tr>" + "".join("<tr>" + "".join(
                                  (f'<td><a href="#p-{escape(c)}">{escape(c)}</a></td>' if head[k] == "program" and c
-                                  else f"<td{'' if k == 0 else ' class=n'}>{escape(c)}</td>")
+                                  else f"<td{' class=n' if k and c[:1] in '0123456789$-<' else ''}>{escape(c)}</td>")
                                  for k, c in enumerate(r)) + "</tr>" for r in rows) + "</table>")
         return "\n".join(parts)
 

@@ -165,8 +165,8 @@ def test_the_bandit_tries_every_model_first_and_keeps_trying():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 5), st.floats(0, 1), st.floats(0, 0.3)), min_size=2, max_size=12),
-       st.floats(0.01, 1000))
+@given(st.lists(st.tuples(st.integers(1, 5), st.one_of(st.just(0.0), st.floats(1e-6, 1)), st.floats(0, 0.3)),
+                min_size=2, max_size=12), st.floats(0.01, 1000))
 def test_the_bandits_choice_does_not_change_when_every_price_is_scaled(history, k):
     a, b = models.CostUCB(["x", "y"]), models.CostUCB(["x", "y"])
     for n, (calls, usd, gain) in enumerate(history):
@@ -341,3 +341,19 @@ def test_the_probe_reaches_every_model_with_its_clients_settings():
     assert [one.model for one in ones] == ["a", "b"] and ones[0].base_url == "http://127.0.0.1:9/v1"
     assert [one("p") for one in ones] == ["a", "b"]
     assert role.spend.pending == {}   # a probe is no island's call
+
+
+def test_a_round_cut_short_is_not_begun_again_under_the_same_cap():
+    spend = models.Spend({"m": Price(1, 1)}, cap=0.01)
+    spend.round_started()
+    spend.settle("m", 0, 15000, {"input": 5000, "output": 0}, island=0)   # $0.005 paid in the round
+    with pytest.raises(models.BudgetReached, match=r"--max-output-tokens bounds it"):
+        spend.reserve("m", "x" * 3000)                                     # 1,000 in + 4,096 out: $0.0051
+    same = models.Spend({"m": Price(1, 1)}, cap=0.01)
+    same.restore(spend.to_dict())
+    assert same.forecast() == pytest.approx(0.005 + Price(1, 1).cost(1000, models.OUTPUT_ESTIMATE))
+    assert same.stop_reason().startswith("dollar budget reached: $0.005 of $0.01 spent")
+    for changed in (models.Spend({"m": Price(1, 1)}, cap=0.02),               # a higher cap, or
+                    models.Spend({"m": Price(1, 1)}, cap=0.01, max_output_tokens=500)):   # a bounded output
+        changed.restore(spend.to_dict())
+        assert changed.forecast() == 0 and changed.stop_reason() == ""   # may go on: the guard still holds
