@@ -141,6 +141,8 @@ def resume_config(saved: dict, cfg: Config, given: set[str]) -> tuple[Config, di
     changes = {}
     for name in sorted(given):
         new, old = getattr(cfg, name), merged.get(name)
+        if name == "price":   # prices given again add to the saved ones (a model's latest price wins)
+            new = list({models.parse_price(p)[0]: p for p in (old or []) + (new or [])}.values())
         if name in ("resume", "out") or new == old:
             continue
         if name not in RESUME_MAY_CHANGE:
@@ -269,7 +271,8 @@ def _parser(default=None) -> argparse.ArgumentParser:
       help="a hard cap on the LLM bill: no call starts that could take the spend past it; the run stops "
            "cleanly and resumes with a higher cap (needs a price for every model; default: no limit)")
     a("--price", action="append", type=_price, metavar="MODEL=IN/OUT",
-      help="US dollars per million input/output tokens of MODEL, e.g. gpt-5=1.25/10 (repeatable); wins "
+      help="US dollars per million input/output tokens of MODEL, e.g. gpt-5=1.25/10 (repeatable; a resume "
+           "adds to the saved ones); wins "
            f"over {models.PRICES_FILE.name}, which lists common models (dated: check it). A local server costs 0")
 
     group = p.add_argument_group("search", "Islands, Algorithm 2 (momentum, backtracking, crossover) and HCM.")

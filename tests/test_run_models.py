@@ -140,11 +140,14 @@ def test_the_bandit_moves_to_the_better_value_stops_at_the_cap_and_resumes(fake_
     # a changed model list: the models still present keep their statistics, a new one starts fresh
     before = stats["stats"]["cheap"]
     code, stdout, err = _main(capsys, "--resume", out, "--generations", 13, "--model", "cheap,mid",
-                              "--price", "cheap=1/4", "--price", "mid=3/12")
+                              "--price", "mid=3/12")   # added to the saved prices
     assert code == 0, err
     after = json.loads((out / "checkpoint.json").read_text())["models"]["stats"]
     assert set(after) == {"cheap", "mid"} and after["cheap"]["calls"] >= before["calls"]
     assert after["mid"]["calls"] > 0 and "by mid" in stdout   # untried: chosen first
+    assert "cheap 1/4 (--price), mid 3/12 (--price); budget $1.00" in stdout
+    assert json.loads((out / "config.json").read_text())["config"]["price"] == \
+        ["cheap=1/4", "strong=10/40", "mid=3/12"]
 
 
 def test_an_ensemble_draws_by_weight_and_a_local_server_costs_nothing(fake_run, capsys, tmp_path):
