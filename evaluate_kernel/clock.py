@@ -6,19 +6,26 @@ step and reads its own clock when it sends and when the answer arrives:
 
     draw    "draw" -> "drawn"       the worker draws the n input sets            bookkeeping
     calls   "go" -> "done"          n calls back to back, outputs kept, one sync the work
+    settle  (GPU) after "done": until a trivial kernel of a third context runs   bookkeeping
+            at once (work still running on any stream shows up here)
     digest  "digest" -> "digests"   a digest of every output (the commitment)    bookkeeping
-    probe   (GPU) after the batch, the runner stopped: until the GPU is idle     bookkeeping
+    probe   (GPU) after the digests, the runner stopped: until the GPU is idle   bookkeeping
 
-A batch's cost is its calls plus, for each bookkeeping phase, how much longer it took than that phase
-typically takes the reference (the median of the reference's batches): work moved out of the calls into
-drawing, digesting or a tail left running on the GPU is charged in full to the calls it served. A phase
-shorter than usual earns nothing: a candidate that replaces the harness's bookkeeping with a faster one
-(the same inputs from one generator call, say) gains nothing by it; crediting a shorter phase, even down
-to the reference's own shortest, paid such a candidate the reference's spread (1.15x on a 80 us call
-whose draw took four times its calls). The same rule applies to the reference's batches, so honest noise
-costs both sides alike (the upper half of each phase's spread); what the rule leaves to a cheat is that
-upper half, about 0.4 of the phase's spread, where a batch's draw or digest is long next to its calls.
-cost_ms = that / n.
+A batch's cost is its calls plus, for each bookkeeping phase, the phase's deviation from its side's
+median plus how much longer that median is than the reference's (never shorter):
+
+    cost = calls + sum over phases of (phase - median of the side) + max(0, median of the side - median of the reference)
+
+So work moved out of the calls into drawing, settling, digesting or a tail on the GPU is charged in full:
+in every batch (its median moves) or in the batches it went to (their deviation). A side whose
+bookkeeping is faster than the reference's (the harness's code replaced by a faster one: the same inputs
+from one generator call, say) gains nothing: the shift is cut at zero. Honest noise is a deviation around
+the side's own median, zero on average, on both sides alike; only the cut of the medians' difference
+leaves a bias, about 0.4 of that difference's noise, which shrinks with the number of batches. (Cutting
+each batch's excess at zero instead charged each side the upper half of its noise and spared a cheat whose
+moved work lifted a phase above it: 4-8% on a GPU softmax whose draw and digest take five times its
+calls. Crediting shorter phases down to the reference's shortest paid a faster harness the reference's
+spread: 1.15x.) cost_ms = that / n.
 
 The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads),
 read by the parent from the kernel, so a busy neighbour that takes the core adds nothing (the runner may
@@ -35,8 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-PHASES = ("draw", "calls", "digest", "probe")
-BOOKKEEPING = ("draw", "digest", "probe")
+PHASES = ("draw", "calls", "settle", "digest", "probe")
+BOOKKEEPING = ("draw", "settle", "digest", "probe")
 
 
 @dataclass
@@ -45,6 +52,7 @@ class Batch:
     n: int                     # calls in the batch
     draw: float = 0.0          # seconds, by the parent's clock
     calls: float = 0.0
+    settle: float = 0.0
     digest: float = 0.0
     probe: float = 0.0
 
@@ -65,14 +73,15 @@ class Figures:
         return (self.high - self.low) / 2 / self.speedup
 
 
-def typical(refs: list[Batch]) -> dict[str, float]:
-    """What each bookkeeping phase typically takes the reference: the median over its batches."""
-    return {p: _median([getattr(b, p) for b in refs]) for p in BOOKKEEPING}
+def typical(batches: list[Batch]) -> dict[str, float]:
+    """What each bookkeeping phase typically takes a side: the median over its batches."""
+    return {p: _median([getattr(b, p) for b in batches]) for p in BOOKKEEPING}
 
 
-def cost_ms(b: Batch, usual: dict[str, float]) -> float:
-    """A batch's cost per call: its calls plus every bookkeeping phase's excess over the usual."""
-    extra = sum(max(0.0, getattr(b, p) - usual[p]) for p in BOOKKEEPING)
+def cost_ms(b: Batch, own: dict[str, float], ref: dict[str, float]) -> float:
+    """A batch's cost per call: its calls, each phase's deviation from its side's median (own), and the
+    amount by which that median exceeds the reference's (ref), never less than zero."""
+    extra = sum(getattr(b, p) - own[p] + max(0.0, own[p] - ref[p]) for p in BOOKKEEPING)
     return (b.calls + extra) / b.n * 1e3
 
 
@@ -83,12 +92,11 @@ def figures(refs: list[Batch], cands: list[Batch], skip: int = 1) -> Figures | N
         raise ValueError(f"{len(refs)} reference batches around {len(cands)} candidate batches")
     if len(cands) <= skip:
         return None
-    counted_refs = refs[skip:]
-    usual = typical(counted_refs)
-    ref_costs = [cost_ms(b, usual) for b in refs]
+    ref_usual, cand_usual = typical(refs[skip:]), typical(cands[skip:])
+    ref_costs = [cost_ms(b, ref_usual, ref_usual) for b in refs]
     ratios, cand_costs = [], []
     for i in range(skip, len(cands)):
-        c = cost_ms(cands[i], usual)
+        c = cost_ms(cands[i], cand_usual, ref_usual)
         cand_costs.append(c)
         ratios.append((ref_costs[i] + ref_costs[i + 1]) / 2 / c)
     low, high = median_interval(ratios)

@@ -6,6 +6,7 @@ state one timing slot needs.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import secrets
 import signal
@@ -28,6 +29,14 @@ class Device:
         self.ref_lock = threading.Lock()
         self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
         self.info = self._start_ref()
+        self.prober: Worker | None = None
+        if ev.device == "cuda":
+            self.prober = ev.spawn_ref(self.env(), os.path.join(ev.log_dir, f"probe-{index}.log"))
+            self.prober.send(ev.job("probe", device=ev.torch_device(), cpus=ev.other_cpus))
+            try:
+                self.info["probe_ms"] = float(self.prober.recv(timeout=300).get("probe_ms") or 0.05)
+            except (TimeoutError, EOFError) as e:
+                raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
         # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
         # the others only import torch. A new evaluation then starts with a ready process.
         self.spares: list[Worker] = []
@@ -92,6 +101,37 @@ class Device:
         for w in self.spares:
             w.discard()
         self.spares = []
+
+    def shutdown(self) -> None:
+        """Every process of this slot: spares, the reference worker, the prober."""
+        self.close()
+        for name in ("ref", "prober"):
+            w = getattr(self, name)
+            if w is not None:
+                try:
+                    w.send({"cmd": "quit"})
+                except (OSError, ValueError):
+                    pass
+                w.kill()
+                setattr(self, name, None)
+
+    def probe_ms(self) -> float:
+        """One trivial kernel from the prober's context, its time to finish: tens of microseconds unless
+        another context's work occupies the GPU. A prober that died (killed from outside) is restarted."""
+        if self.prober is None or self.prober.proc.poll() is not None:
+            if self.prober is not None:
+                self.prober.kill()
+            self.prober = self.ev.spawn_ref(self.env(), os.path.join(self.ev.log_dir, f"probe-{self.index}.log"))
+            self.prober.send(self.ev.job("probe", device=self.ev.torch_device(), cpus=self.ev.other_cpus))
+            self.prober.recv(timeout=300)
+        self.prober.send({"cmd": "probe"})
+        try:
+            reply = self.prober.recv(timeout=60)
+        except (TimeoutError, EOFError):
+            self.prober.kill()
+            self.prober = None
+            raise RuntimeError("the GPU prober died") from None
+        return float(reply.get("ms", math.inf))
 
     def env(self) -> dict[str, str]:
         extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}

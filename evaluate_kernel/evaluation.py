@@ -155,7 +155,8 @@ class Evaluation:
                 cands.append(c)
                 if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
                     # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
-                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical(refs[-1:])),
+                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical([c]),
+                                                                                 clock.typical(refs[-1:])),
                                                           per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
                 else:
                     n_next = n
@@ -211,10 +212,13 @@ class Evaluation:
         t = self._lap(b, "draw", t, now)
         self._expect(call({"cmd": "go"}), "done")
         t = self._lap(b, "calls", t, now)
+        if self.ev.device == "cuda":
+            self._drain(b, "settle")
+            t = now()
         self._expect(call({"cmd": "digest"}), "digests")
         self._lap(b, "digest", t, now)
         if self.ev.device == "cuda":
-            self._drain(b, time.monotonic())
+            self._drain(b, "probe")
         return b
 
     def _cand_batch(self, seed: int, n: int, batch: int):
@@ -229,6 +233,11 @@ class Evaluation:
         self.w.send({"cmd": "go"})
         self._reply("done")
         t = self._lap(b, "calls", t, now)
+        if self.ev.device == "cuda":   # work still running on any stream after "done" is the calls'
+            bad = self._drain(b, "settle")
+            if bad is not None:
+                return bad, None
+            t = now()
         self.w.send({"cmd": "digest"})
         msg = self._reply("digests")
         self._lap(b, "digest", t, now)
@@ -242,23 +251,23 @@ class Evaluation:
         candidate batch's probe step."""
         bad = self._freeze()
         if bad is None and self.ev.device == "cuda":
-            bad = self._drain(b, time.monotonic())
+            bad = self._drain(b, "probe")
         return bad
 
-    def _drain(self, b: clock.Batch, t: float) -> EvalResult | None:
-        """(GPU) Probe until a trivial kernel of the reference worker's runs at once: the device holds no
-        work of anyone else's. The time it takes is the batch's probe phase (its excess is charged)."""
-        idle = float(self.dev.info.get("probe_ms") or 0.05)
-        limit = max(self.opts.probe_ms, 4 * idle)
+    def _drain(self, b: clock.Batch, phase: str) -> EvalResult | None:
+        """(GPU) Probe until a trivial kernel of the prober's (a context of its own, so either side pays
+        the same switches) runs at once: the device holds no one's work. The time it takes is the batch's
+        `phase` (settle: after "done"; probe: after the digests); its excess over the usual is charged."""
+        t = time.monotonic()
+        limit = max(self.opts.probe_ms, 4 * float(self.dev.info.get("probe_ms") or 0.05))
         while True:
-            ms = float(self.dev.ref_call({"cmd": "probe"}).get("ms", math.inf))
-            if ms <= limit:
-                b.probe = time.monotonic() - t
+            if self.dev.probe_ms() <= limit:
+                setattr(b, phase, time.monotonic() - t)
                 return None
             if time.monotonic() - t > self.opts.drain_s:
                 return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
-                                  "after the candidate's calls returned, with its process stopped: work left "
-                                  "running after a call is part of the call", details=self.details)
+                                  "after the candidate's calls returned: work left running after a call is part "
+                                  "of the call", details=self.details)
 
     @property
     def main(self) -> int:

@@ -237,14 +237,7 @@ class Evaluator:
         if builder is not None:
             builder.discard()
         for dev in getattr(self, "devices", []):
-            dev.close()
-            if dev.ref is not None:
-                try:
-                    dev.ref.send({"cmd": "quit"})
-                except (OSError, ValueError):
-                    pass
-                dev.ref.kill()
-                dev.ref = None
+            dev.shutdown()
         for pool in (getattr(self, "_spawner", None), getattr(self, "helpers", None)):
             if pool is not None:
                 pool.shutdown(wait=False)

@@ -72,6 +72,10 @@ def main() -> None:
         if job.get("cpus"):
             pin_threads(job["cpus"])
         _role_ref(job, send, stdin.readline)
+    elif role == "probe":
+        if job.get("cpus"):
+            pin_threads(job["cpus"])
+        _role_probe(job, send, stdin.readline)
     sys.stdout.flush()
     # The channel's write end is also held by the namespace's launcher (unshare), so closing it here is
     # no end-of-file the parent sees: an explicit last record says that nothing more is coming.
@@ -248,8 +252,6 @@ def _role_ref(job: dict, send, recv) -> None:
     del xs, out
     info = {"ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes, "out_bytes": out_bytes,
             **_device_info(device)}
-    if device.type == "cuda":
-        info["probe_ms"] = sorted(probe_ms(device) for _ in range(7))[3]
     own_cpus = _affinity()
     batches: Batches | None = None
     send({"kind": "ready", **info})
@@ -277,9 +279,6 @@ def _role_ref(job: dict, send, recv) -> None:
                 batches.digest()
                 send({"kind": "digests"})
                 continue
-            elif cmd == "probe":
-                send({"kind": "probed", "ms": probe_ms(device) if device.type == "cuda" else 0.0})
-                continue
             elif cmd == "check":
                 reply = {"kind": "checked", "results": batches.check(req["path"], req["items"], req["rtol"],
                                                                      req["atol"], req["l2_tol"])}
@@ -302,10 +301,26 @@ def _role_ref(job: dict, send, recv) -> None:
         except BaseException as e:  # noqa: BLE001
             reply = {"kind": "error", "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
         if device.type == "cuda":
-            if cmd not in ("prepare", "timing"):
+            # Memory goes back to the device between evaluations (a runner shares it), never during a
+            # timing: the next batch would pay cudaMalloc for every input and output the cache had held
+            # (a 10 us softmax read 2.7x slower on the reference's side).
+            if cmd in ("compare", "pin"):
                 torch.cuda.empty_cache()
             torch.cuda.synchronize()  # all our GPU work is over before the reply: a timing may start on it
         send(reply)
+
+
+def _role_probe(job: dict, send, recv) -> None:
+    """(GPU) A CUDA context of its own that runs a trivial kernel on request: after either side's steps, so
+    both pay the same switches of the GPU from one context to another, and neither's own work is idle time
+    for the other."""
+    import torch
+    device = torch.device(job["device"])
+    torch.cuda.set_device(device)
+    idle = sorted(probe_ms(device) for _ in range(9))[4]
+    send({"kind": "ready", "probe_ms": idle})
+    while recv().get("cmd") == "probe":
+        send({"kind": "probed", "ms": probe_ms(device)})
 
 
 def _timing_model(ref_ns: dict, models: dict, device):

@@ -9,7 +9,8 @@ with code written here, sharing none with the evaluator, by the evaluator's defi
 
     n calls back to back on n input sets of their own (drawn before the clock starts), one synchronise,
     per call; n = the evaluator's calls per batch; batches alternate reference, candidate, reference ...
-    (BATCHES of each), on one core; the medians per side, and the median of the paired ratios.
+    (BATCHES of each), with every thread of this process on one core (CUDA's too, as in the evaluator's
+    runner); the medians per side, and the median of the paired ratios.
 
 On a GPU the clock is the host's monotonic clock; on the CPU (--device cpu: the candidate is the reference
 renamed ModelNew) this process's CPU time, as the evaluator reads its workers'. It prints, and writes to
@@ -75,10 +76,6 @@ def main() -> int:
     torch.set_num_threads(1)  # the evaluator's workers run with one thread (Options.cpu_threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # the evaluator's default precision: fp32, no TF32
     torch.backends.cudnn.allow_tf32 = False
-    try:
-        os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[-1]])  # one core, as the runner
-    except (AttributeError, OSError):
-        pass
     started = time.perf_counter()
     work = tempfile.mkdtemp(prefix="pacevolve_agreement_")
     rows: list[tuple[str, float | None]] = []
@@ -201,6 +198,7 @@ def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
     """(reference ms per call, candidate ms per call, speedup): batches of n calls on fresh inputs,
     alternated, the first pair a warm-up; medians, and the median of the ratios of neighbouring batches."""
     ref, cand = [], []
+    one_core()   # after CUDA's threads exist: all of them, as the runner's
     with torch.no_grad():
         for k in range(batches):
             ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * k))
@@ -225,6 +223,16 @@ def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int) -> float:
     elapsed = clock() - t0
     del outs, sets
     return elapsed / n * 1e3
+
+
+def one_core() -> None:
+    """Every thread of this process onto the last core of its affinity."""
+    try:
+        core = [sorted(os.sched_getaffinity(0))[-1]]
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), core)
+    except (AttributeError, OSError):
+        pass
 
 
 def device_name(device: str) -> str:

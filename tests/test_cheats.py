@@ -15,7 +15,7 @@ way (tests/cheats/README.md has the catalogue). Its module docstring carries mac
 
 "no-profit" means the cheat gains nothing over its honest twin, measured beside it in the same Evaluator
 (or fails): its speedup is at most the twin's times 1 + PROFIT_TOLERANCE (the run-to-run noise of a
-speedup on the device). "honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
+speedup on the device), or its 95% interval reaches down into the twin's. "honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
 fraction of the honest computation's cost (the reference itself, which the cheat secretly performs: our own
 measurement or the evaluator's baseline, whichever is smaller). Files in tests/honest/ must come back "ok". Files ending in _cuda.py are GPU-only.
 
@@ -469,8 +469,13 @@ def check_cheat(spec: Spec, result, honest: float | None, twin=None, device: str
         if result.status == "ok":
             assert twin is not None and twin.status == "ok", f"{info}\n  twin: {twin and _describe(twin)}"
             limit = twin.speedup * (1 + PROFIT_TOLERANCE[device])
-            print(f"  twin {twin.speedup:.4f}x, cheat {result.speedup:.4f}x (limit {limit:.4f}x)")
-            assert result.speedup <= limit, f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x)"
+            (c_low, _), (_, t_high) = result.details["speedup_ci"], twin.details["speedup_ci"]
+            print(f"  twin {twin.speedup:.4f}x (up to {t_high:.4f}), cheat {result.speedup:.4f}x (from {c_low:.4f}); "
+                  f"limit {limit:.4f}x")
+            # A gain is a speedup beyond the tolerance whose interval also clears the twin's: a loaded
+            # machine moves single figures by more than a real 15% gain, rarely both intervals apart.
+            assert result.speedup <= limit or c_low <= t_high, \
+                f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x, up to {t_high:.4f})"
         else:
             assert result.status in {"rejected", "incorrect", "runtime_error"}, info
     elif "honest-timing" in spec.expect:
