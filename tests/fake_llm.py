@@ -130,10 +130,13 @@ class RuleBasedLLM:
         return f"Idea ID: {idea_id}\nExperiment: {self._experiment(prompt)}\n"
 
     def _implementation(self, prompt: str) -> str:
-        return f"Here is the program.\n\n```python\n{self._program(prompt)}\n```\n"
+        planned = m.group(1).strip() if (m := re.search(r"^Experiment: (.+)$", prompt, re.M)) else "the change"
+        return (f"Implemented: {planned[0].lower()}{planned[1:]}, as planned, in the parent's kernel.\n\n"
+                f"```python\n{self._program(prompt)}\n```\n")
 
     def _repair(self, prompt: str) -> str:
-        return f"The failure comes from the kernel launch.\n\n```python\n{self._program(prompt)}\n```\n"
+        return (f"Cause: the failure comes from the kernel launch.\nImplemented: the same change with the launch "
+                f"fixed.\n\n```python\n{self._program(prompt)}\n```\n")
 
     def _duplicate_check(self, prompt: str) -> str:
         return "Repeat: no\nEntry: none"
