@@ -18,10 +18,13 @@ What a backtrack never rolls back: the island's log of tried hypotheses (so noth
 retried), its best-ever program and score (A_i measures what the island achieved), and the global best.
 
 The score is the candidate's runtime in ms (lower is better) at the run's reference conditions: s_0 / the
-speedup the evaluator measured against the reference timed beside the candidate, so a machine that got
-busier or quieter since the start moves no score. s_0 is the PyTorch reference's runtime measured at the
-start on the same device, and the target r defaults to 0 ms (`--target-speedup S` sets
-r = s_0 / S, the official configs' per-kernel "target score").
+speedup the evaluator measured against the reference timed beside the candidate. s_0 is the PyTorch
+reference's runtime measured at the start on the same device, and the target r defaults to 0 ms
+(`--target-speedup S` sets r = s_0 / S, the official configs' per-kernel "target score"). Scores are
+confirmed (ranking.py): a candidate becomes an island's best, or the run's, only when it beats the incumbent
+by more than the two measurements' noise or wins a head-to-head re-measurement; a re-measured program's
+score is the re-measured one wherever it is used (tournament, momentum, crossover, best.py). What is shown
+(prompts, console, best.py, report.md) is measured: both times and the speedup with its noise band.
 
 `main` in order: the options are checked (cli.py); the task, device and LLM clients are set up and each
 model answers one probe call (llm_check.py); the run directory is made (rundir.py); the reference is
@@ -35,6 +38,7 @@ Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM f
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -55,13 +59,14 @@ import crossover
 import hcm
 import llm_check
 import momentum
+import ranking
 import rundir as rundir_mod
 import report_html
 import tasks
 from run_setup import (SetupError, check_device, make_clients, make_evaluator,  # noqa: F401
                        measure_reference, new_run_dir, record_resume)
 from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
-from report import write_report  # noqa: F401
+from report import best_header, write_report  # noqa: F401
 from rundir import RunDir, write_atomic  # noqa: F401
 
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
@@ -154,6 +159,9 @@ class Search:
         self.eval_seconds = 0.0
         self.eval_counts: dict[str, int] = {}
         self.drifts: list[float] = []   # per evaluation: the reference timed beside it / s_0's measurement - 1
+        self.ledger = ranking.Ledger(baseline_ms)   # every program's confirmed figures, every duel
+        self.remeasured = 0                          # evaluations spent on head-to-heads
+        self.unusable = collections.Counter()        # LLM replies that could not be parsed, by prompt kind
         self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
         self.evaluator_error: str | None = None   # the evaluator itself broke (not a candidate): stop the run
         self.wall_before, self.started = 0.0, time.time()   # wall time of earlier sessions, this one's start
@@ -167,7 +175,8 @@ class Search:
         # Each island names itself in its prompts: islands start from the same empty state, and with a
         # deterministic LLM (temperature 0, a local server) identical prompts would make them clones.
         self.contexts = [hcm.TaskContext(name=f"{task.name} (island {i} of islands 0-{cfg.islands - 1})",
-                                         background=text, brief=brief, reference=task.reference_src)
+                                         background=text, brief=brief, reference=task.reference_src,
+                                         legend=ranking.LEGEND)
                          for i in range(cfg.islands)]
         self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)]
                                       + _tolerance_key(cfg))
@@ -195,22 +204,26 @@ class Search:
         score = self._score_of(pid)
         other = best.id != pid and best.score < score
         return hcm.Parent(source=self.task.reference_src if pid == REFERENCE else self.rundir.program(pid),
-                          metric=self._metric_text(score), program_id=None if pid == REFERENCE else pid,
+                          metric=self._metric_text(pid), program_id=None if pid == REFERENCE else pid,
                           role=role, is_reference=pid == REFERENCE,
-                          best=self._metric_text(best.score) if other else "",
+                          best=self._metric_text(best.id) if other else "",
                           best_program_id=best.id if other and best.id != REFERENCE else None)
 
     def _score_of(self, pid: str) -> float:
-        if pid == REFERENCE:
-            return self.s0
-        for island in self.islands:
+        """A program's confirmed score: s_0 / its confirmed speedup (the reference's: s_0)."""
+        score = self.s0 if pid == REFERENCE else self.ledger.score(pid)
+        for island in self.islands if score is None else []:   # a checkpoint older than the ledger
             for p in island.elites + ([island.best] if island.best else []):
                 if p.id == pid:
                     return p.score
-        raise KeyError(pid)
+        return score
 
-    def _metric_text(self, ms: float) -> str:
-        return f"{ms:.4g} ms, {self.s0 / ms:.3f}x the reference's speed"
+    def _metric_text(self, pid: str) -> str:
+        """A program's result as prompts, the console and best.py show it: the times measured and the
+        speedup with its noise band (ranking.describe)."""
+        if pid == REFERENCE or pid in self.ledger.figures:
+            return self.ledger.text(None if pid == REFERENCE else pid)
+        return ranking.describe(ranking.Figures(self.s0 / self._score_of(pid)))   # a checkpoint older than the ledger
 
     def _execute(self, src: str) -> hcm.Outcome:
         """The evaluation callback HCM calls: cached by source, stored the moment it finishes."""
@@ -245,19 +258,22 @@ class Search:
                 if isinstance(d.get("baseline_drift"), (int, float)):
                     self.drifts.append(round(d["baseline_drift"], 5))
             self.rundir.event("evaluation", program=pid, status=result["status"], runtime_ms=self.score(result),
-                              measured_ms=result.get("runtime_ms"), message=result.get("message", "")[:500])
+                              **ranking.measured(result), message=result.get("message", "")[:500])
         else:
             result = cached
             self.rundir.event("evaluation", program=pid, status=result["status"], cached=True,
-                              runtime_ms=self.score(result))
-        return self._outcome(result)
+                              runtime_ms=self.score(result), **ranking.measured(result))
+        return self._outcome(pid, result)
 
-    def _outcome(self, r: dict) -> hcm.Outcome:
-        score = self.score(r)
-        # An ok message is restated against the run's s_0: the evaluator's own baseline (measured again
-        # after a resume, or per GPU) would show the model a second speedup for the same program.
-        return hcm.Outcome(status=r["status"], score=score, metric=self._metric_text(score) if score else r["status"],
-                           message=f"ok: {self._metric_text(score)}" if score else r.get("message", ""))
+    def _outcome(self, pid: str, r: dict) -> hcm.Outcome:
+        """The result HCM records. A program's first measurement becomes its figures; one measured again
+        in a head-to-head keeps the re-measured figures, and its score and metric are those."""
+        with self._eval_lock:
+            fig = self.ledger.note(pid, r)
+        if fig is None:
+            return hcm.Outcome(status=r["status"], metric=r["status"], message=r.get("message", ""))
+        return hcm.Outcome(status="ok", score=self._score_of(pid), metric=self._metric_text(pid),
+                           message=f"ok: {self._metric_text(pid)}")
 
     def score(self, r: dict) -> float | None:
         """The runtime at the run's reference conditions: s_0 / speedup, where the speedup comes from the
@@ -279,18 +295,26 @@ class Search:
 
     def _record(self, island: Island, gen) -> None:
         island.generation += 1
+        unusable = hcm.count_unusable(gen.events)
+        self.unusable.update(unusable)
         island.since_action += 1
         island.forced_parent = None
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
         pid = gen.program_id or None
+        crowned = False
         if score is not None and pid:
-            island.elites = sorted([p for p in island.elites if p.id != pid] + [Program(pid, score)],
-                                   key=lambda p: p.score)[:TOURNAMENT_TOP_K]
-            if island.best is None or score < island.best.score:
+            island.elites = [p for p in island.elites if p.id != pid] + [Program(pid, score)]
+            # the confirmed ranking: the title changes hands only on evidence (ranking.py)
+            crowned = island.best is None or self._confirm(island, pid, island.best.id)
+            if crowned:
                 island.best = Program(pid, score)
-            self._update_global_best(island, pid, score)
-        r_t = island.momentum.update(score)                     # Algorithm 2 lines 3-12
+                self._update_global_best(island, pid)
+        self._rescore()   # a head-to-head re-measures: every copy of a score follows the confirmed figures
+        score = self._score_of(pid) if score is not None and pid else None
+        if island.best is not None:   # s_best: the island's confirmed best (a re-measurement may move it)
+            island.momentum.best = min(self.s0, island.best.score)
+        r_t = island.momentum.update(island.best.score if crowned else None)   # Algorithm 2 lines 3-12
         island.trajectory.append([island.generation, island.momentum.best])
         island.snapshots.append(island.restore_point())
         self.rundir.event("generation", island=island.index, generation=island.generation,
@@ -299,7 +323,8 @@ class Search:
                           message=(outcome.message[:300] if outcome else ""),
                           runtime_ms=score, program=pid, parent=gen.parent_id, r_t=r_t,
                           momentum=island.momentum.value, island_best_ms=island.momentum.best,
-                          llm_calls=gen.llm_calls, calls=gen.calls,
+                          island_best=island.best.id if island.best else None, crowned=crowned,
+                          llm_calls=gen.llm_calls, calls=gen.calls, unusable=unusable,
                           attempts=[{"program": a["program_id"], "status": a["status"], "score": a.get("score")}
                                     for a in gen.attempts],
                           llm_failures=_llm_failures(gen.events), notes=gen.events)
@@ -337,8 +362,10 @@ class Search:
             notes = hcm.prune_pool(island.pool, island.log,
                                    llm=self.llm_watch.wrap(self.llm_cheap or self.llm_main, island.index),
                                    config=self.hcm_config, task=self.contexts[island.index])
+            self.unusable.update(hcm.count_unusable(notes))
             record.update(action="crossover", partner=action, parent=given.id,
                           merged_ideas=merged, pruned=notes)
+        self._rescore()   # restored programs carry their confirmed scores, not those of the snapshot
         island.momentum.reset()
         island.since_action = 0
         island.actions.append(record)
@@ -348,19 +375,64 @@ class Search:
                      else f" with island {record['partner']}")
                   + "  weights " + ", ".join(f"{k}={v:.3f}" for k, v in record["weights"].items()))
 
-    def _update_global_best(self, island: Island, pid: str, score: float) -> None:
-        if self.global_best is not None and score >= self.global_best["runtime_ms"]:
+    def _update_global_best(self, island: Island, pid: str) -> None:
+        """The island's new best becomes the run's when the run has none or it beats the run's best by
+        the same rule (a duel already fought is not fought again)."""
+        gb = self.global_best
+        if gb is not None and gb["program"] != pid and not self._confirm(island, pid, gb["program"]):
             return
-        self.global_best = {"program": pid, "runtime_ms": score, "speedup": self.s0 / score,
-                            "island": island.index, "generation": island.generation,
+        self.global_best = {"program": pid, "island": island.index, "generation": island.generation,
                             "round": self.round}
-        slower = ("\n# SLOWER than the reference: no correct candidate has beaten it yet; this is the "
-                  "fastest one found" if score >= self.s0 else "")
-        header = (f"# pacevolve best for task {self.task.name}: {score:.4g} ms, "
-                  f"{self.s0 / score:.3f}x the PyTorch reference ({self.s0:.4g} ms) on "
-                  f"{_hardware_name(self.device)}{slower}\n# island {island.index}, generation "
-                  f"{island.generation}, program {pid}\n")
-        write_atomic(self.rundir.path / "best.py", header + self.rundir.program(pid))
+        self._rescore()
+
+    # -- the confirmed ranking (ranking.py): verdicts, head-to-heads, scores that follow them -------
+
+    def _confirm(self, island: Island, challenger: str, incumbent: str) -> bool:
+        """Whether `challenger` takes the title from `incumbent` (ranking.Ledger.confirm)."""
+        crowned, duel = self.ledger.confirm(challenger, incumbent, self._remeasure)
+        if duel is not None:
+            self.rundir.event("head_to_head", island=island.index, generation=island.generation,
+                              round=self.round, challenger=challenger, incumbent=incumbent, **duel)
+            self._say(f"[island {island.index} gen {island.generation}] head-to-head {challenger} vs {incumbent}: "
+                      f"{self._metric_text(challenger)} vs {self._metric_text(incumbent)}: "
+                      + ("the challenger takes the title" if crowned else "the title stays"))
+        return crowned
+
+    def _remeasure(self, pid: str, tag: str) -> dict | None:
+        """One more evaluation of a program, stored under its own key (a resume re-reads it, nothing is
+        measured twice); None when the evaluator itself failed."""
+        src = self.rundir.program(pid)
+        key = self.rundir.eval_key(self.eval_context + "\0" + tag, src)
+        result = self.rundir.load_eval(key)
+        if result is None:
+            try:
+                result = self.evaluator.evaluate(src).to_dict()
+            except Exception as exc:   # the evaluator's failure, not the program's: the run stops after this round
+                self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                return None
+            result["program_id"] = pid
+            self.rundir.store_eval(key, result)
+            d = result.get("details") or {}
+            self.eval_seconds += float(d.get("check_s") or 0) + float(d.get("time_s") or 0)
+        self.remeasured += 1   # stored ones too: the count is the search's, the same after a resume
+        self.rundir.event("remeasure", program=pid, tag=tag, status=result["status"],
+                          message=result.get("message", "")[:300], **ranking.measured(result))
+        return result
+
+    def _rescore(self) -> None:
+        """Every copy of a program's score follows its confirmed figures; elites are ranked by them; the
+        run's best carries its figures, and best.py is rewritten when they change."""
+        for island in self.islands:
+            for p in island.elites + ([island.best] if island.best else []):
+                p.score = self._score_of(p.id)
+            island.elites = sorted(island.elites, key=lambda p: p.score)[:TOURNAMENT_TOP_K]
+        gb = self.global_best
+        figures = self.ledger.summary(gb["program"]) if gb and gb["program"] in self.ledger.figures else None
+        if figures and any(gb.get(k) != v for k, v in figures.items()):
+            gb.update(figures)
+            header = best_header(self.task.name, _hardware_name(self.device), self.s0, gb,
+                                 self._metric_text(gb["program"]), self.ledger.standing(gb["program"]))
+            write_atomic(self.rundir.path / "best.py", header + self.rundir.program(gb["program"]))
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -406,6 +478,7 @@ class Search:
         return {"version": 1, "round": self.round, "baseline_ms": self.s0, "target_ms": self.target,
                 "islands": [i.to_dict() for i in self.islands], "global_best": self.global_best,
                 "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts, "drifts": self.drifts,
+                "ledger": self.ledger.to_dict(), "remeasured": self.remeasured, "unusable": self.unusable,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
                 "events": self.rundir.events_written}
@@ -423,6 +496,8 @@ class Search:
         self.eval_seconds = state["eval_seconds"]
         self.eval_counts = state["eval_counts"]
         self.drifts = state.get("drifts", [])
+        self.ledger = ranking.Ledger.from_dict(self.s0, state.get("ledger", {}), self.ledger.rounds)
+        self.remeasured, self.unusable = state.get("remeasured", 0), collections.Counter(state.get("unusable", {}))
         self.llm_watch.restore(state.get("llm", {}))
         self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])
@@ -441,7 +516,7 @@ class Search:
 
     def _progress(self, island: Island, gen, score: float | None) -> None:
         failed = _llm_failures(gen.events)
-        result = f"{self.s0 / score:.2f}x ({score:.4g} ms)" if score else (
+        result = self._metric_text(gen.program_id) if score else (
             gen.outcome.status if gen.outcome else gen.status)
         if gen.status == "llm_error" and failed:
             result = f"llm_error ({', '.join(sorted(set(failed)))})"
@@ -585,9 +660,9 @@ def _main(cfg: Config, given: set[str]) -> int:
     if gb is None:
         best = "No correct candidate. "
     elif gb["runtime_ms"] < search.s0:
-        best = f"Best {gb['speedup']:.3f}x ({gb['runtime_ms']:.4g} ms) in {rd.path / 'best.py'}. "
+        best = f"Best {search._metric_text(gb['program'])} in {rd.path / 'best.py'}. "
     else:
-        best = (f"No candidate beat the reference; the fastest correct one ({gb['speedup']:.3f}x, slower) "
+        best = (f"No candidate beat the reference; the fastest correct one ({search._metric_text(gb['program'])}) "
                 f"is in {rd.path / 'best.py'}. ")
     print(f"done: {why}. {best}Report: {report}, {rd.path / 'report.html'}")
     if search.llm_watch.tripped:
