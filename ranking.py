@@ -142,7 +142,7 @@ class Ledger:
     s0: float                                            # the reference's time measured at the start
     figures: dict[str, dict] = field(default_factory=dict)
     duels: dict[str, dict] = field(default_factory=dict)  # "challenger>incumbent" -> verdict, crowned, runs
-    rounds: int = HEAD_TO_HEAD_ROUNDS
+    rounds: int = HEAD_TO_HEAD_ROUNDS   # re-measurements of each side; 0 trusts single measurements
 
     def note(self, pid: str, result: dict) -> Figures | None:
         """Records a program's first measurement (a later one of the same program changes nothing) and
@@ -172,8 +172,8 @@ class Ledger:
         if key in self.duels:
             return self.duels[key]["crowned"], None
         result = verdict(self.get(challenger), self.get(incumbent))
-        duel = {"verdict": result, "crowned": result == FASTER}
-        if result == HEAD_TO_HEAD:
+        duel = {"verdict": result, "crowned": result == FASTER or (result == HEAD_TO_HEAD and not self.rounds)}
+        if result == HEAD_TO_HEAD and self.rounds:
             runs: dict[str, list] = {challenger: [], incumbent: []}
             for k, who in enumerate(alternation(self.rounds), start=1):
                 pid = challenger if who == "challenger" else incumbent
@@ -185,7 +185,7 @@ class Ledger:
                     self.figures[pid] = combine([f for f in figs if f]).to_dict()
             duel["runs"] = {pid: [f and f.to_dict() for f in figs] for pid, figs in runs.items()}
         self.duels[key] = duel
-        return duel["crowned"], duel if result == HEAD_TO_HEAD else None
+        return duel["crowned"], duel if "runs" in duel else None
 
     def text(self, pid: str | None) -> str:
         """A program's result as everything shows it (describe); the reference's for pid None."""

@@ -159,7 +159,7 @@ class Search:
         self.eval_seconds = 0.0
         self.eval_counts: dict[str, int] = {}
         self.drifts: list[float] = []   # per evaluation: the reference timed beside it / s_0's measurement - 1
-        self.ledger = ranking.Ledger(baseline_ms)   # every program's confirmed figures, every duel
+        self.ledger = ranking.Ledger(baseline_ms, rounds=cfg.head_to_head)   # confirmed figures, duels
         self.remeasured = 0                          # evaluations spent on head-to-heads
         self.unusable = collections.Counter()        # LLM replies that could not be parsed, by prompt kind
         self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
@@ -410,7 +410,7 @@ class Search:
             except Exception as exc:   # the evaluator's failure, not the program's: the run stops after this round
                 self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
                 return None
-            result["program_id"] = pid
+            result["remeasured_program"] = pid   # not "program_id": it is no candidate's first evaluation
             self.rundir.store_eval(key, result)
             d = result.get("details") or {}
             self.eval_seconds += float(d.get("check_s") or 0) + float(d.get("time_s") or 0)

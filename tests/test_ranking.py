@@ -267,6 +267,36 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     assert again.ledger.to_dict() == search.ledger.to_dict() and again.remeasured == 4
 
 
+def test_head_to_head_0_trusts_single_measurements(tmp_path):
+    search = scripted_search(tmp_path, {"inc": [2.0], "close": [2.02]}, 0.20)
+    search.ledger.rounds = 0
+    offer(search, 0, "inc")
+    close = offer(search, 0, "close")
+    assert search.islands[0].best.id == close and search.evaluator.calls == ["inc", "close"]
+
+
+def test_a_resumed_search_reads_its_re_measurements_back_and_decides_the_same(tmp_path):
+    measurements = {"inc": [2.0, 2.1, 1.9], "lucky": [2.2, 1.9, 2.0], "next": [2.05, 2.3, 2.25]}
+    whole = scripted_search(tmp_path / "whole", measurements, 0.20)
+    for tag in ("inc", "lucky", "next"):
+        offer(whole, 0, tag)
+    first = scripted_search(tmp_path / "first", measurements, 0.20)
+    offer(first, 0, "inc")
+    offer(first, 0, "lucky")
+    state = first.state()
+    resumed = scripted_search(tmp_path / "first", measurements, 0.20)   # same run directory, fresh evaluator
+    resumed.restore(state)
+    resumed.evaluator.calls = list(first.evaluator.calls)
+    offer(resumed, 0, "next")
+    assert resumed.ledger.to_dict() == whole.ledger.to_dict()
+    assert resumed.islands[0].best.id == whole.islands[0].best.id and resumed.remeasured == whole.remeasured
+    again = scripted_search(tmp_path / "first", measurements, 0.20)    # the last round again, as after a kill
+    again.restore(state)
+    offer(again, 0, "next")
+    assert again.evaluator.calls == []                # its evaluation and the head-to-head are read back
+    assert again.ledger.to_dict() == whole.ledger.to_dict()
+
+
 def test_report_md_shows_measurements_head_to_heads_and_unparseable_replies(tmp_path):
     search = scripted_search(tmp_path, {"inc": [2.0], "lucky": [2.2, 1.9], "clear": [3.0]}, 0.20)
     for tag in ("inc", "lucky", "clear"):
