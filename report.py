@@ -52,8 +52,9 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     if drift:
         lines.append("- " + drift)
     events = rd.events()
+    ledger = getattr(search, "ledger", None)
     lines.append("- " + duel_summary([e for e in events if e.get("type") == "head_to_head"],
-                                     getattr(search, "remeasured", 0)))
+                                     getattr(search, "remeasured", 0), ledger.rounds if ledger else 0))
     actions = [a for island in search.islands for a in island.actions]
     if actions:
         lines.append("- " + weights_summary(actions))
@@ -106,8 +107,10 @@ def best_header(task: str, hardware: str, s0: float, best: dict, text: str, stan
             f"# island {best['island']}, generation {best['generation']}, program {best['program']}\n")
 
 
-def duel_summary(duels: list[dict], remeasured: int) -> str:
+def duel_summary(duels: list[dict], remeasured: int, rounds: int = 2) -> str:
     """How the ranking was confirmed: head-to-heads fought, how many the challenger won, evaluations spent."""
+    if not rounds:
+        return "head-to-heads: off (--head-to-head 0: a candidate ahead on one measurement took the title)"
     if not duels:
         return ("head-to-heads: none (every change of an island's or the run's best was wider than the "
                 "measured noise, or there was none)")

@@ -393,7 +393,7 @@ class Search:
         if duel is not None:
             self.rundir.event("head_to_head", island=island.index, generation=island.generation,
                               round=self.round, challenger=challenger, incumbent=incumbent, **duel)
-            self._say(f"[island {island.index} gen {island.generation}] head-to-head {challenger} vs {incumbent}: "
+            self._say(f"[island {island.index} gen {island.generation:>3}] head-to-head {challenger} vs {incumbent}: "
                       f"{self._metric_text(challenger)} vs {self._metric_text(incumbent)}: "
                       + ("the challenger takes the title" if crowned else "the title stays"))
         return crowned

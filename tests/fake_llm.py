@@ -71,13 +71,14 @@ class RuleBasedLLM:
         self.programs = list(programs)
         self.seed = seed
         self.variants = variants   # True: tag each reply's program with a constant, so none is a duplicate
-        # True: every choice ignores the digits in the prompt (measured times, speedups), so what the replies
-        # are does not move with timing noise; only the variant tags still differ between such prompts.
+        # True: every choice ignores the numbers in the prompt (measured times, speedups: each number counts as
+        # one "#", whatever its digits), so what the replies are does not move with timing noise; only the
+        # variant tags still differ between such prompts.
         self.stable = stable
 
     def _h(self, prompt: str, salt: str = "") -> int:
         if self.stable and salt != "variant":
-            prompt = re.sub(r"\d", "#", prompt)
+            prompt = re.sub(r"\d+(?:\.\d+)?", "#", prompt)
         digest = hashlib.sha256(f"{self.seed}|{salt}|{prompt}".encode("utf-8", "replace")).digest()
         return int.from_bytes(digest[:8], "big")
 

@@ -50,7 +50,14 @@ WRONG = HEADER + INIT + '''
         c = self.conv(x)
         return torch.logsumexp(F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
 '''
-PROGRAMS = [HONEST, HONEST.replace("3.0) / 6.0", "3.0) * (1.0 / 6.0)"), SLOW, WRONG]
+IN_PLACE = HEADER + INIT + '''
+    def forward(self, x):
+        c = self.conv(x)
+        t = torch.tanh_(self.group_norm(c))   # in place: fewer allocations, 1.15-1.25x the reference on the CPU
+        return torch.logsumexp(c.add_(F.hardswish(t, inplace=True)), dim=1, keepdim=True)
+'''
+# one candidate clearly faster than the reference, so islands have programs as parents and make progress
+PROGRAMS = [HONEST, IN_PLACE, SLOW, WRONG]
 
 
 class _FakeOpenAI(BaseHTTPRequestHandler):
@@ -89,9 +96,10 @@ def _serve(llm: RuleBasedLLM):
 
 @pytest.fixture(scope="module")
 def server():
-    # stable: the replies ignore the measured numbers in the prompts, so which programs are written (one that
-    # fails among them) does not depend on how fast this machine happens to be
-    with _serve(RuleBasedLLM(PROGRAMS, seed=3, variants=True, stable=True)) as base_url:
+    # stable: the replies ignore the measured numbers in the prompts, so which programs are written does not
+    # depend on how fast this machine happens to be; with seed 11 every island's first candidate fails and
+    # its repair is IN_PLACE (faster than the reference): a failure, and a program to be a parent, every run
+    with _serve(RuleBasedLLM(PROGRAMS, seed=11, variants=True, stable=True)) as base_url:
         yield base_url
 
 
