@@ -302,7 +302,7 @@ class Search:
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
         pid = gen.program_id or None
-        crowned = False
+        crowned, incumbent = False, island.best
         if score is not None and pid:
             island.elites = [p for p in island.elites if p.id != pid] + [Program(pid, score)]
             # the confirmed ranking: the title changes hands only on evidence (ranking.py)
@@ -312,8 +312,8 @@ class Search:
                 self._update_global_best(island, pid)
         self._rescore()   # a head-to-head re-measures: every copy of a score follows the confirmed figures
         score = self._score_of(pid) if score is not None and pid else None
-        if island.best is not None:   # s_best: the island's confirmed best (a re-measurement may move it)
-            island.momentum.best = min(self.s0, island.best.score)
+        if incumbent is not None:   # s_prev: the incumbent's confirmed score (a head-to-head may have moved it)
+            island.momentum.best = min(self.s0, self._score_of(incumbent.id))
         r_t = island.momentum.update(island.best.score if crowned else None)   # Algorithm 2 lines 3-12
         island.trajectory.append([island.generation, island.momentum.best])
         island.snapshots.append(island.restore_point())
@@ -497,6 +497,8 @@ class Search:
         self.eval_counts = state["eval_counts"]
         self.drifts = state.get("drifts", [])
         self.ledger = ranking.Ledger.from_dict(self.s0, state.get("ledger", {}), self.ledger.rounds)
+        for p in [p for i in self.islands for p in i.elites + [i.best] if p and p.id != REFERENCE]:
+            self.ledger.figures.setdefault(p.id, ranking.Figures(self.s0 / p.score).to_dict())   # older checkpoints
         self.remeasured, self.unusable = state.get("remeasured", 0), collections.Counter(state.get("unusable", {}))
         self.llm_watch.restore(state.get("llm", {}))
         self.wall_before = state.get("wall_s", 0.0)

@@ -257,6 +257,8 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     assert island.best.id == clear and search.global_best["program"] == clear          # 50% faster: at once
     assert len(search.evaluator.calls) == 7
     assert island.momentum.best == pytest.approx(10.0 / 3.0)
+    r_t = [e["r_t"] for e in search.rundir.events() if e["type"] == "generation"]
+    assert r_t == [pytest.approx(0.5), 0.0, pytest.approx(1 / 3)]    # R_t: (5 - 3.33) / 5 for the new title
     # the prompts and the console show measurements: the parent's times and the noise band, and the legend
     parent = search._parent(island)
     assert ranking.describe(search.ledger.get(clear)) in (parent.metric + parent.best)
