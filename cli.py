@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import re
 from dataclasses import dataclass
 
 import momentum
 import tasks
+
+VERSION = "0.1.0"
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Config:
     allow_tf32: bool = False
     quiet: bool = False
     report: str | None = None
+    replay: str | None = None
     ray: str | None = None
     ray_cpus: int = 1
     ray_actors: int | None = None
@@ -80,12 +85,33 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser = _parser()
     ns = parser.parse_args(argv)
     cfg = Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
-    if cfg.resume is None:
-        try:
+    try:
+        check_combination(given_options(argv), cfg)
+        if cfg.resume is None and cfg.report is None:
             check_task(cfg.task)
-        except UsageError as e:
-            parser.error(str(e))
+    except UsageError as e:
+        parser.error(str(e))
     return cfg
+
+
+def check_combination(given: set[str], cfg: Config) -> None:
+    """Raise UsageError for options that cannot go together (`given`: the options typed; on --resume the
+    saved ones count too, so this runs again on the merged configuration)."""
+    if cfg.report is not None and given - {"report"}:
+        raise UsageError(f"--report DIR only draws DIR/report.html and takes no other option; drop "
+                         + ", ".join(_flag(n) for n in sorted(given - {"report"})))
+    if cfg.resume is not None and "out" in given:
+        raise UsageError(f"--resume {cfg.resume} continues the run in its own directory; drop --out "
+                         "(to start a new run elsewhere, leave out --resume)")
+    if cfg.ray is None and cfg.resume is None:
+        extra = sorted(n for n in ("ray_cpus", "ray_actors") if n in given)
+        if extra:
+            raise UsageError(f"{_flag(extra[0])} works only with --ray (evaluation on a Ray cluster)")
+    if cfg.ray is not None and cfg.gpus is not None:
+        raise UsageError("--gpus picks this machine's GPUs; with --ray every GPU of the cluster gets an actor "
+                         "(use --ray-actors to use fewer)")
+    if cfg.device == "cpu" and cfg.gpus is not None:
+        raise UsageError("--gpus picks GPUs, but --device cpu runs the candidates on the CPU; drop one")
 
 
 def given_options(argv: list[str] | None = None) -> set[str]:
@@ -110,7 +136,9 @@ def resume_config(saved: dict, cfg: Config, given: set[str]) -> tuple[Config, di
         merged[name] = new
     merged["resume"] = cfg.resume
     merged["out"] = cfg.resume
-    return Config(**merged), changes
+    resumed = Config(**merged)
+    check_combination(set(), dataclasses.replace(resumed, resume=None, out=None))
+    return resumed, changes
 
 
 class UsageError(Exception):
@@ -130,6 +158,9 @@ def check_task(name: str) -> None:
     known = ", ".join(tasks.names())
     if not os.path.exists(name):
         looks_like_path = os.sep in name or name.endswith(".py")
+        close = difflib.get_close_matches(name, tasks.names(), n=1, cutoff=0.6) if not looks_like_path else []
+        if close:
+            raise UsageError(f"--task {name}: no task of that name; did you mean {close[0]}?")
         raise UsageError(f"--task {name}: " + ("no such file" if looks_like_path else "no task of that name")
                          + f" (built-in tasks: {known}; or give the path of a KernelBench problem file)")
     if os.path.isdir(name):
@@ -174,82 +205,189 @@ def check_gpus(text: str) -> list[int]:
 # ----------------------------------------------------------------------------- parser
 
 def _parser(default=None) -> argparse.ArgumentParser:
-    p = _OneLineParser(argument_default=default,
-        prog="run.py", description="PACEvolve: LLM-driven evolutionary search for faster GPU kernels.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _OneLineParser(argument_default=default, prog="run.py", epilog=EPILOG, formatter_class=_HelpFormatter,
+                       description="PACEvolve: LLM-driven evolutionary search for faster GPU kernels "
+                                   "(python run.py --task conv_groupnorm --islands 2 --model gemini-2.5-pro).")
+    group = p
 
     def a(*names, **kw):
+        if "type" in kw and "metavar" not in kw:
+            kw["metavar"] = "N" if kw["type"] in (int, _count, _non_negative_int) else "X"
         if default is argparse.SUPPRESS:
             kw["default"] = argparse.SUPPRESS   # only what was typed shows up
             if "type" in kw:
                 kw["type"] = str   # values were checked by the real parse; only names matter here
-        p.add_argument(*names, **kw)
+        group.add_argument(*names, **kw)
 
+    p.add_argument("--version", action=_Version, help="print the version (code, Python, PyTorch) and exit")
+    group = p.add_argument_group("task")
     a("--task", default=Config.task,
       help=f"built-in task name ({', '.join(tasks.names())}) or a KernelBench problem file path")
-    a("--islands", type=_count, default=Config.islands, help="number of islands searching concurrently")
-    a("--generations", type=_count, default=Config.generations, help="generations per island")
-    a("--model", help="main LLM (idea generation, selection and code), e.g. gemini-2.5-pro, gpt-5, "
-                      "claude-sonnet-4-5, or any model a local OpenAI-compatible server serves")
-    a("--provider", choices=["openai", "gemini", "anthropic"],
-      help="API family; guessed from the model name or --base-url when omitted")
-    a("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
-                         "http://localhost:11434/v1 (Ollama)")
-    a("--secondary-model", help="cheaper LLM for classification, summaries and pruning "
-                                "(the paper used Gemini 2.5 Flash); same provider settings")
-    a("--temperature", type=_non_negative, help="sampling temperature (provider default when omitted)")
-    a("--max-output-tokens", type=_count, help="output token limit per LLM call")
     a("--device", choices=["cuda", "cpu"], help="where candidates run (default: the task's own)")
-    a("--gpus", type=_gpus, help="comma-separated GPU indices for evaluation, e.g. 0,1 (default: all visible)")
-    a("--seed", type=int, default=Config.seed, help="seed for every random choice of the search")
-    a("--out", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
-    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
-      "--base-url, --provider, --secondary-model, --gpus, --ray, --generations and --token-budget may change")
-    a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and "
-                                          "source, so runs re-use each other's measurements")
-    a("--beta", type=_fraction, default=Config.beta, help="momentum decay beta (§3.2), 0 < beta < 1")
-    a("--eps-rel", type=_positive, default=Config.eps_rel, help="stagnation threshold eps_rel (§3.2), > 0")
-    a("--freeze", type=_count, default=Config.freeze,
-      help="generations after the start or an intervention before the next one may fire")
-    a("--alpha", type=_positive, default=Config.alpha, help="power-law exponent of backtracking, > 0")
-    a("--k-idea", type=_count, default=Config.k_idea, help="idea cap K_idea (Algorithm 1)")
-    a("--k-hyp", type=_count, default=Config.k_hyp, help="hypotheses per idea before summary, K_hyp")
-    a("--proposals", type=_count, default=Config.proposals, help="ideas proposed per generation")
-    a("--repairs", type=_non_negative_int, default=Config.repairs,
-      help="LLM repairs of a failing candidate within one generation")
-    a("--head-to-head", type=_non_negative_int, default=Config.head_to_head, metavar="N",
-      help="when a candidate leads an island's or the run's best by less than the measured noise (or the "
-           "evaluator reports none), measure both N more times, alternately, before the title changes "
-           "hands; 0 trusts single measurements")
-    a("--target-speedup", type=_speedup,
-      help="speedup (> 1) at which the gap counts as closed: r = s_0 / S (default r = 0 ms)")
-    a("--token-budget", type=_count, help="stop after this many LLM tokens (prompt + output)")
-    a("--max-llm-failures", type=_count, default=Config.max_llm_failures,
-      help="stop the run after this many LLM calls in a row failed (across islands; calls that "
-           "succeeded on a retry do not count)")
-    a("--reference-limit", type=_positive, default=Config.reference_limit, metavar="SECONDS",
-      help="stop at once if measuring the reference takes longer than this")
     a("--rtol", type=_positive, help="elementwise relative tolerance (default: the task's)")
     a("--atol", type=_positive, help="elementwise absolute tolerance, times RMS(ref) (default: the task's)")
     a("--l2-tol", type=_positive, help="relative L2 error tolerance (default: the task's)")
     a("--allow-tf32", action="store_true",
       help="let the reference and the candidates use TF32 (bounds loosen accordingly)")
+
+    group = p.add_argument_group("LLM", "A hosted model needs its key in the environment (below); a local "
+                                        "OpenAI-compatible server needs --base-url and --model only.")
+    a("--model", help="main LLM (idea generation, selection and code), e.g. gemini-2.5-pro, gpt-5, "
+                      "claude-sonnet-4-5, or any model a local OpenAI-compatible server serves "
+                      "(default: $PACEVOLVE_MODEL)")
+    a("--provider", choices=["openai", "gemini", "anthropic"],
+      help="API family (default: guessed from the model name or --base-url)")
+    a("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
+                         "http://localhost:11434/v1 (Ollama) (default: $OPENAI_BASE_URL, else the provider's API)")
+    a("--secondary-model", help="cheaper LLM for classification, summaries and pruning "
+                                "(the paper used Gemini 2.5 Flash); same provider settings (default: --model)")
+    a("--temperature", type=_non_negative, help="sampling temperature (default: the provider's)")
+    a("--max-output-tokens", type=_count, help="output token limit per LLM call (default: the provider's)")
+    a("--max-llm-failures", type=_count, default=Config.max_llm_failures,
+      help="stop the run after this many LLM calls in a row failed (across islands; calls that "
+           "succeeded on a retry do not count)")
+    a("--token-budget", type=_count, help="stop after this many LLM tokens, prompt and output (default: no limit)")
+
+    group = p.add_argument_group("search", "Islands, Algorithm 2 (momentum, backtracking, crossover) and HCM.")
+    a("--islands", type=_count, default=Config.islands, help="number of islands searching concurrently")
+    a("--generations", type=_count, default=Config.generations, help="generations per island")
+    a("--seed", type=int, default=Config.seed, help="seed for every random choice of the search")
+    a("--beta", type=_fraction, default=Config.beta, help="momentum decay beta (§3.2), 0 < beta < 1")
+    a("--eps-rel", type=_positive, default=Config.eps_rel, help="stagnation threshold eps_rel (§3.2), > 0")
+    a("--freeze", type=_count, default=Config.freeze,
+      help="generations after the start or an intervention before the next one may fire")
+    a("--alpha", type=_positive, default=Config.alpha, help="power-law exponent of backtracking, > 0")
+    a("--target-speedup", type=_speedup,
+      help="speedup (> 1) at which the gap counts as closed: r = s_0 / S (default: r = 0 ms)")
+    a("--k-idea", type=_count, default=Config.k_idea, help="idea cap K_idea (Algorithm 1)")
+    a("--k-hyp", type=_count, default=Config.k_hyp, help="hypotheses per idea before summary, K_hyp")
+    a("--proposals", type=_count, default=Config.proposals, help="ideas proposed per generation")
+    a("--repairs", type=_non_negative_int, default=Config.repairs,
+      help="LLM repairs of a failing candidate within one generation")
+    a("--head-to-head", type=_non_negative_int, default=Config.head_to_head,
+      help="when a candidate leads an island's or the run's best by less than the measured noise (or the "
+           "evaluator reports none), measure both N more times, alternately, before the title changes "
+           "hands; 0 trusts single measurements")
+
+    group = p.add_argument_group("evaluation")
+    a("--gpus", type=_gpus, metavar="IDS",
+      help="comma-separated GPU indices for evaluation, e.g. 0,1 (default: all visible)")
+    a("--eval-cache", metavar="DIR", help="shared store of evaluations keyed by task, device and source, so "
+                                          "runs re-use each other's verdicts (default: the run's evals/)")
+    a("--reference-limit", type=_positive, default=Config.reference_limit, metavar="SECONDS",
+      help="stop at once if measuring the reference takes longer than this")
+
+    group = p.add_argument_group("output")
+    a("--out", metavar="DIR", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
+    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
+      "--base-url, --provider, --secondary-model, --temperature, --max-output-tokens, --gpus, --ray, "
+      "--generations, --token-budget and --max-llm-failures may change")
+    a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
+                                      "or killed) and exit; takes no other option")
+    a("--replay", metavar="DIR", help="run the search recorded in DIR again, every LLM reply taken from "
+      "DIR/transcript.jsonl (no API key, no network); candidates are evaluated again here and their verdicts "
+      "compared with the recording; --out and --quiet may be given")
     a("--quiet", action="store_true", help="no per-generation progress lines")
-    a("--ray", metavar="ADDRESS", help="evaluate on a Ray cluster: one actor per GPU (auto: the cluster "
-      "this machine belongs to; ray://HEAD:10001; local: a Ray instance on this machine alone); needs "
-      "pip install -r requirements-ray.txt")
+
+    group = p.add_argument_group("cluster", "Evaluation on a Ray cluster (pip install -r requirements-ray.txt).")
+    a("--ray", metavar="ADDRESS", help="evaluate on a Ray cluster, one actor per GPU: auto (the cluster "
+      "this machine belongs to), ray://HEAD:10001, or local (a Ray instance on this machine alone)")
     a("--ray-cpus", type=_count, default=Config.ray_cpus,
       help="with --ray and a CPU task: CPUs each evaluation actor asks Ray for")
     a("--ray-actors", type=_count, help="with --ray: at most this many evaluation actors (default: one "
                                         "per GPU of the cluster, or per --ray-cpus CPUs for a CPU task)")
-    a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
-                                      "or killed) and exit")
     return p
+
+
+EPILOG = """environment:
+  GEMINI_API_KEY, GOOGLE_API_KEY   key for Gemini models (--model gemini-...)
+  OPENAI_API_KEY                   key for OpenAI models, sent as a bearer token to any --base-url too
+  ANTHROPIC_API_KEY                key for Anthropic models (--model claude-...)
+  OPENAI_BASE_URL                  an OpenAI-compatible server, when --base-url is not given
+  PACEVOLVE_MODEL                  the main model, when neither --model nor --base-url is given
+
+exit codes:
+  0    done (or a resumed run that had nothing left to do)
+  2    a set-up problem: a wrong option, file, key, server or cluster (one line says which)
+  3    stopped: --max-llm-failures LLM calls in a row failed (resumable)
+  4    stopped: the evaluator itself failed (resumable once fixed)
+  130  interrupted by Ctrl-C (SIGINT); 143 terminated by SIGTERM (both resumable: --resume DIR)
+
+examples:
+  python run.py --task conv_groupnorm --islands 2 --model gemini-2.5-pro --secondary-model gemini-2.5-flash
+  python run.py --task conv_groupnorm_small --base-url http://localhost:8000/v1 --model NAME   # CPU, local LLM
+  python run.py --resume runs/conv_groupnorm-20261123-005912-1a2b3c
+  python run.py --report runs/conv_groupnorm-20261123-005912-1a2b3c
+"""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default once: stated in its help, or appended when it is a real value (not None,
+    not a switch's False); the epilog keeps its layout."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("default" not in text and action.default is not None and action.default is not False
+                and action.default is not argparse.SUPPRESS and action.option_strings and action.nargs != 0):
+            text += " (default: %(default)s)"
+        return text
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:   # the epilog: laid out by hand
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(0)
+
+
+def version_text() -> str:
+    """pacevolve's version, the commit of this checkout when it is a git clone, Python and PyTorch."""
+    import platform
+    import subprocess
+    from importlib import metadata
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return (f"pacevolve {VERSION}" + (f" (git {commit})" if commit else "")
+            + f", Python {platform.python_version()}, PyTorch {torch}")
 
 
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (python run.py --help lists the options)\n")
+        self.exit(2, f"{self.prog}: error: {message}{_did_you_mean(self, message)} "
+                     "(python run.py --help lists the options)\n")
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """'; did you mean --islands?' for a misspelt option, or a misspelt choice of one."""
+    flags = [s for action in parser._actions for s in action.option_strings]
+    unknown = re.match(r"unrecognized arguments: (\S+)", message)
+    if unknown:
+        word = unknown.group(1).split("=")[0]
+        close = difflib.get_close_matches(word, flags, n=3, cutoff=0.5) if word.startswith("-") else []
+        # a typo keeps the start of the word: --gens is --generations rather than the shorter --gpus
+        close.sort(key=lambda f: -len(os.path.commonprefix([f, word])))
+        return f"; did you mean {close[0]}?" if close else ""
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        options = re.findall(r"'([^']*)'", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), options, n=1, cutoff=0.5)
+        return f"; did you mean {close[0]}?" if close else ""
+    return ""
 
 
 def _checked(convert, test, what: str):

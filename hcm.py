@@ -558,7 +558,8 @@ class _Caller:
                 self.cheap += 1
             self.kinds[prompt_kind(prompt)] = self.kinds.get(prompt_kind(prompt), 0) + 1
             try:
-                text = fn(prompt if attempt == 0 else prompt + REMINDER.format(reason=reason))
+                text = _ask(fn, prompt if attempt == 0 else prompt + REMINDER.format(reason=reason),
+                            prompt_kind(prompt), attempt)
             except Exception as exc:  # any client failure is a recorded failure, never a crash
                 msg = f"LLM call failed ({prompt_kind(prompt)}): {type(exc).__name__}: {clip(exc, 300)}"
                 self.events.append(msg)
@@ -570,6 +571,14 @@ class _Caller:
             self.events.append(f"unusable {prompt_kind(prompt)} reply: {reason}")
         self.events.append(f"no usable {prompt_kind(prompt)} reply after {plural(self.retries, 'format reminder')}")
         return _Reply(reason=reason, text=text)
+
+
+def _ask(fn, prompt: str, purpose: str, attempt: int) -> str:
+    """Calls the LLM. A recorder of the run's transcript (transcript.py) says so with `takes_purpose` and is
+    told the prompt's kind and whether this is a format reminder; any other LLM is a plain (prompt) -> str."""
+    if getattr(fn, "takes_purpose", False):
+        return fn(prompt, purpose=purpose, attempt=attempt)
+    return fn(prompt)
 
 
 def _execute(execute, program: str) -> Outcome:

@@ -169,6 +169,11 @@ class Client:
         """The latest parsed reply of this thread (also set when that reply then raised), else None."""
         return getattr(self._local, "last", None)
 
+    @property
+    def last_retries(self) -> int:
+        """How many times this thread's latest call was retried."""
+        return getattr(self._local, "retries", 0)
+
     def __call__(self, prompt: str) -> str:
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -178,7 +183,7 @@ class Client:
         """Send `[{"role": "system"|"user"|"assistant", "content": str}, ...]`; return the answer text."""
         check_messages(messages)
         url, headers, body = PROVIDERS[self.provider][0](self, messages)
-        self._local.last = None
+        self._local.last, self._local.retries = None, 0
         deadline = time.monotonic() + self.deadline_s
         self._count(calls=1)
         attempt = 0
@@ -196,6 +201,7 @@ class Client:
                 self._count(retries=1)
                 self.sleep(wait)
                 attempt += 1
+                self._local.retries = attempt
 
     def _retry_wait(self, err: LLMError, attempt: int, deadline: float) -> float | None:
         """Seconds to sleep before the next attempt, or None to give up now."""
@@ -240,10 +246,11 @@ class Client:
         except (requests.Timeout, urllib3.exceptions.TimeoutError) as exc:
             if time.monotonic() >= deadline:
                 raise DeadlineExceeded(f"deadline of {self.deadline_s:g} s passed") from exc
-            raise TransportError(f"timed out: {exc}", retryable=True) from exc
+            raise TransportError(f"timed out: {_transport_text(exc)}", retryable=True) from exc
         except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             # InvalidURL, MissingSchema and the like are ValueErrors too: a bad base_url will not heal
-            raise TransportError(f"{type(exc).__name__}: {exc}", retryable=not isinstance(exc, ValueError)) from exc
+            raise TransportError(f"{type(exc).__name__}: {_transport_text(exc)}",
+                                 retryable=not isinstance(exc, ValueError)) from exc
 
     def _count(self, **amounts: int) -> None:
         with self._lock:
@@ -257,6 +264,17 @@ def redact(text: str, secret: str | None) -> str:
     if not secret or len(secret) < MIN_SECRET_CHARS:
         return text
     return text.replace(secret, "[redacted]")
+
+
+def _transport_text(exc: Exception) -> str:
+    """requests' text for a failed connection, cut to the host and the cause: its own text repeats the URL
+    and nests the cause several times (near 500 characters for a Gemini URL)."""
+    text = str(exc)
+    host = re.search(r"host='([^']+)', port=(\d+)", text)
+    cause = (re.search(r"\[Errno -?\d+\] [^'\")]+", text) or re.search(r"(Read|Connect) timed out", text))
+    if host and cause:
+        return f"{host[1]}:{host[2]}: {cause[0].strip()}"
+    return text
 
 
 def detect_provider(model: str, base_url: str | None = None) -> str:

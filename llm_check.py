@@ -1,6 +1,6 @@
 """Guards around the LLM: a probe before a run starts, and a watch on failures while it runs.
 
-    probe(client, role)          # one short call; raises ProbeFailed with one line: model, class, message, fix
+    probe(client, role, origin)  # one short call; raises ProbeFailed with one line: model, class, message, fix
     watch = FailureWatch(limit)  # counts LLM failures in a row across all islands
     llm = watch.wrap(client, island)   # what HCM calls; tokens are counted per island
     watch.tripped                # `limit` calls in a row failed: the run stops after this round
@@ -14,10 +14,21 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from dataclasses import dataclass
 
 import llm
 
 PROBE_PROMPT = "Reply with the single word OK."
+# How each provider sends the key, for the fix of a 401 from a server the user runs
+KEY_SENT = {"openai": "as the bearer token", "gemini": "in the x-goog-api-key header",
+            "anthropic": "in the x-api-key header"}
+
+
+@dataclass
+class Origin:
+    """Where a client's settings came from, so a fix names the setting the user actually made."""
+    model: str = "--model"           # or "--secondary-model", "PACEVOLVE_MODEL"
+    base_url: str = "--base-url"     # or "OPENAI_BASE_URL", or "" for the provider's own API
 
 
 class ProbeFailed(Exception):
@@ -26,10 +37,11 @@ class ProbeFailed(Exception):
 
 class LLMStopped(llm.LLMError):
     """Raised instead of calling the LLM once the run is stopping after too many failures."""
+    request_sent = False   # the transcript keeps no record of it
 
 
-def probe(client, role: str) -> None:
-    """One short call to `client`; any failure raises ProbeFailed naming model, error class and fix.
+def probe(client, role: str, origin: Origin | None = None) -> None:
+    """One short call to `client`; any failure raises ProbeFailed naming model, URL, error class and fix.
     A reply cut off by the output limit still proves the model answers."""
     level = llm.log.level
     llm.log.setLevel(logging.ERROR)   # the retries' warnings: the one line below says it all
@@ -39,35 +51,39 @@ def probe(client, role: str) -> None:
         return
     except llm.LLMError as err:
         raise ProbeFailed(f"the {role} model {client.model!r} at {client.base_url} failed a test call: "
-                          f"{type(err).__name__}: {_server_message(err)}. Fix: {fix_for(err, client)}") \
+                          f"{type(err).__name__}: {_server_message(err)}. Fix: {fix_for(err, client, origin)}") \
             from None
     finally:
         llm.log.setLevel(level)
 
 
-def fix_for(err: Exception, client) -> str:
-    """What the user can do about `err`, in terms of run.py's options."""
+def fix_for(err: Exception, client, origin: Origin | None = None) -> str:
+    """What the user can do about `err`, in terms of the option or variable each setting came from."""
+    origin = origin or Origin()
     keys = " or ".join(llm.KEY_VARIABLES.get(client.provider, ()))
     local = client.base_url not in llm.DEFAULT_BASE_URLS.values()
+    url = origin.base_url or "--base-url"
     if isinstance(err, llm.AuthError):
-        return (f"check the API key the server expects ({keys} is sent as the bearer token)" if local
+        sent = KEY_SENT.get(client.provider, "")
+        return (f"check the API key the server expects ({keys}, sent {sent})" if local
                 else f"set a valid key in {keys}")
     if isinstance(err, (llm.TransportError, llm.DeadlineExceeded)):
-        return (f"start the server, or correct --base-url (now {client.base_url})" if local
+        return (f"start the server, or correct {url} (now {client.base_url})" if local
                 else "check the network connection, or try again later")
     if isinstance(err, llm.ModelNotFound):
-        return (f"check --model (the server lists its models at {client.base_url}/models) and that "
-                "--base-url ends where the API starts (usually /v1)")
+        where = f" and that {url} ends where the API starts (usually /v1)" if local else ""
+        return (f"check {origin.model} (now {client.model}; the server lists its models at "
+                f"{client.base_url}/models){where}")
     if isinstance(err, llm.QuotaExceeded):
-        return "add credit or wait for the quota to refill, or use another --model"
+        return f"add credit or wait for the quota to refill, or use another model ({origin.model})"
     if isinstance(err, llm.RateLimited):
         return "wait and try again, or use fewer --islands"
     if isinstance(err, (llm.MalformedResponse, llm.EmptyResponse)):
-        return (f"--base-url {client.base_url} did not answer like an OpenAI-compatible chat API; "
-                "point it at the API root (usually ending in /v1) and check --model")
+        return (f"{url} {client.base_url} did not answer like an OpenAI-compatible chat API; "
+                f"point it at the API root (usually ending in /v1) and check {origin.model}")
     if isinstance(err, llm.ContextLengthExceeded):
         return "use a model with a larger context window"
-    return "check --model, --provider and --base-url, and the server's own log"
+    return f"check {origin.model}, --provider and {url}, and the server's own log"
 
 
 class FailureWatch:
@@ -135,10 +151,16 @@ class _Watched:
 
 
 def _server_message(err: Exception) -> str:
-    """The server's words, without the transport library's wrapping around a refused connection."""
-    text = _one_line(err)
-    refused = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
-    return f"no connection ({refused.group(0)})" if refused and isinstance(err, llm.TransportError) else text
+    """The server's words, without the transport library's wrapping around a failed connection (looked
+    for in the whole message: a long URL pushes the cause past any cut)."""
+    text = " ".join(str(err).split())
+    if isinstance(err, llm.TransportError):
+        refused = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
+        if refused:
+            return f"no connection ({refused.group(0).strip()})"
+        if "timed out" in text.lower():
+            return "no answer in time (timed out)"
+    return _one_line(err)
 
 
 def _one_line(err: Exception, limit: int = 300) -> str:

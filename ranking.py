@@ -131,7 +131,7 @@ def describe(f: Figures) -> str:
              else f"{f.runtime_ms:.4g} ms" if f.runtime_ms else "")
     if f.samples > 1:
         times += ("; " if times else "") + f"mean of {f.samples} evaluations"
-    return f"{f.speedup:.3g}x {band}" + (f" ({times})" if times else "")
+    return f"{f.speedup:#.3g}x {band}" + (f" ({times})" if times else "")
 
 
 @dataclass

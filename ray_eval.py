@@ -92,9 +92,10 @@ class RayEvaluator:
 
     def __init__(self, reference_src: str, *, address: str = "auto", device: str = "cuda",
                  cpus_per_actor: int = 1, max_actors: int | None = None, max_concurrency: int = 8,
-                 start_timeout_s: float = 600.0, **evaluator_kwargs):
+                 start_timeout_s: float = 600.0, owns_ray: bool = False, **evaluator_kwargs):
+        """owns_ray: Ray was started for this run by a caller's connect() and is shut down by close()."""
         self.device = device
-        self._started_ray = _connect(address)
+        self._started_ray = connect(address) or owns_ray
         kw = dict(evaluator_kwargs, device=device)
         if kw.get("log_dir"):
             kw["log_dir"] = os.path.abspath(kw["log_dir"])
@@ -349,9 +350,10 @@ def runtime_env() -> dict:
     return {"working_dir": _HERE, "excludes": _NOT_SHIPPED}
 
 
-def _connect(address: str) -> bool:
+def connect(address: str) -> bool:
     """Connect to the cluster (or start a local instance for `local`); True when this call started Ray.
-    Ray ships a working_dir only for a whole job, so a caller that connects first passes runtime_env()."""
+    Ray ships a working_dir only for a whole job, so a caller that connects first passes runtime_env().
+    A failure is a ClusterError in run.py's words (Ray's own advice names flags run.py does not have)."""
     if ray.is_initialized():   # a caller (a test, a script) connected already
         return False
     kw = dict(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env())
@@ -361,10 +363,20 @@ def _connect(address: str) -> bool:
         else:
             ray.init(address=address, **kw)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise ClusterError(f"cannot reach a Ray cluster at {address!r}: {_first_line(e)} (start one with "
-                           "`ray start --head` on the head node, or use --ray local for this machine "
-                           "alone)") from None
+        text = _first_line(e)
+        if "Could not find any running Ray instance" in text:
+            text = "no Ray cluster is running on this machine"
+        else:
+            text = f"cannot reach a Ray cluster there ({text})"
+        raise ClusterError(f"{text}; start one with `ray start --head` and pass --ray auto, reach one from "
+                           "outside with --ray ray://HEAD:10001, or use --ray local to start Ray on this "
+                           "machine alone") from None
     return True
+
+
+def check_capacity(device: str, cpus_per_actor: int, max_actors: int | None) -> int:
+    """The number of evaluation actors the connected cluster can hold; ClusterError when none."""
+    return _actor_count(device, cpus_per_actor, max_actors)
 
 
 def _actor_count(device: str, cpus_per_actor: int, max_actors: int | None) -> int:

@@ -5,16 +5,22 @@
 report.md says why the run stopped, the best program with its measured times, speedup and noise band
 (or that nothing beat the reference), wall time (summed over resumes), evaluations per status and the
 head-to-heads that confirmed the ranking, LLM calls, tokens, failures per error class and replies that
-could not be parsed per prompt kind, tokens per island, per island its best and best-so-far trajectory,
-and the interventions with the weights that chose them. progress.png shows every evaluation
-as a point (correct, incorrect, failed), each island's best-so-far line, the interventions on the island
-where they happened, and the reference at 1.0x. `progress_data` computes what is drawn, from the events
-alone, so it can be checked without looking at pixels.
+could not be parsed per prompt kind, tokens per island, LLM calls and tokens per purpose (from the
+transcript, transcript.py), a replay's comparison with its recording, per island its best and best-so-far
+trajectory, and the interventions with the weights that chose them. progress.png has three
+panels on one generation axis: every correct evaluation as a point with each island's best-so-far line,
+the interventions on the island where they happened and the reference at 1.0x; the failed evaluations in
+a band of their own (a row per island: x incorrect, | other failures); each island's momentum m_t in its
+own lane with eps_rel (log scale for a small eps_rel, as in report.html); the legend sits below, outside
+the panels. `progress_data` computes what is drawn, from the events alone, so it can be checked without
+looking at pixels.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import report_chart
+import transcript
 from rundir import hardware_name, write_atomic
 
 LINESTYLES = ["-", "--", "-.", ":"]
@@ -51,6 +57,9 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     drift = drift_summary(getattr(search, "drifts", []))
     if drift:
         lines.append("- " + drift)
+    replayed = getattr(getattr(search, "evaluator", None), "replay_summary", None)
+    if callable(replayed):
+        lines.append(f"- replay of {search.cfg.replay}: {replayed()}")
     events = rd.events()
     ledger = getattr(search, "ledger", None)
     lines.append("- " + duel_summary([e for e in events if e.get("type") == "head_to_head"],
@@ -58,7 +67,9 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     actions = [a for island in search.islands for a in island.actions]
     if actions:
         lines.append("- " + weights_summary(actions))
-    if plot_progress(progress_data(events, s0), search.task.name, rd.path / "progress.png"):
+    lines += purpose_table(transcript.read(rd.path))
+    eps = getattr(getattr(search, "cfg", None), "eps_rel", None)
+    if plot_progress(progress_data(events, s0), search.task.name, rd.path / "progress.png", eps):
         lines += ["", "![every evaluation and the best so far per island](progress.png)"]
     lines += ["", "## Islands", ""]
     for island in search.islands:
@@ -150,13 +161,29 @@ def _text(search, pid: str | None) -> str | None:
         return None
 
 
+def purpose_table(reading) -> list[str]:
+    """report.md's lines on the transcript: calls and tokens per purpose (none without a transcript)."""
+    totals = transcript.totals(reading)
+    if not totals:
+        return []
+    out = ["", "LLM calls per purpose (transcript.jsonl; `python transcript.py DIR N` prints call N):", "",
+           "| purpose | calls | failed | format reminders | prompt tokens | output tokens | seconds |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for purpose, t in sorted(totals.items(), key=lambda kv: -kv[1]["calls"]):
+        out.append(f"| {purpose} | {t['calls']} | {t['failed']} | {t['reminders']} | {t['input']:,} | "
+                   f"{t['output']:,} | {t['latency_s']:.1f} |")
+    return out
+
+
 def progress_data(events: list[dict], s0: float) -> dict:
     """What progress.png draws, from events.jsonl: every evaluation as a point, each island's best-so-far
-    speedup per generation, the interventions on their island's line."""
-    points, lines, marks = [], {}, []
+    speedup per generation, the interventions on their island's line, each island's momentum."""
+    points, lines, marks, moms = [], {}, [], {}
     for e in events:
         if e.get("type") == "generation":
             island, gen = e["island"], e["generation"]
+            if isinstance(e.get("momentum"), (int, float)):
+                moms.setdefault(island, []).append((gen, e["momentum"]))
             attempts = e.get("attempts")
             if attempts is None:   # older events: only the generation's last outcome
                 attempts = [{"status": e["outcome"], "score": e.get("runtime_ms")}] if e.get("outcome") else []
@@ -172,26 +199,38 @@ def progress_data(events: list[dict], s0: float) -> dict:
     for m in marks:
         y = dict(lines.get(m["island"], [])).get(m["generation"])
         m["speedup"] = y if y is not None else 1.0
-    return {"points": points, "lines": lines, "interventions": marks, "reference": 1.0}
+    return {"points": points, "lines": lines, "interventions": marks, "momentum": moms, "reference": 1.0}
 
 
-def plot_progress(data: dict, title: str, path: Path) -> bool:
+def plot_progress(data: dict, title: str, path: Path, eps_rel: float | None = None) -> bool:
     """Draw `progress_data` to a PNG; False when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except Exception:
         return False
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig = progress_figure(data, title, eps_rel)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def progress_figure(data: dict, title: str, eps_rel: float | None = None):
+    """The matplotlib figure of progress.png."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    islands = sorted(set(data["lines"]) | {p["island"] for p in data["points"]})
+    islands = sorted(set(data["lines"]) | {p["island"] for p in data["points"]} | set(data.get("momentum", {})))
     n = max(1, len(islands))
-    ax.axhline(data["reference"], color="grey", linewidth=1, linestyle=":", label="reference (1.0x)",
-               zorder=1)
-    correct = [p for p in data["points"] if p["kind"] == "correct"]
-    floor = min([p["speedup"] for p in correct] + [data["reference"]]) * 0.9
+    fig = plt.figure(figsize=(9, 4.6 + 0.95 * n), layout="constrained")
+    grid = fig.add_gridspec(2 + n, 1, height_ratios=[4.0, 0.28 * n + 0.25] + [0.75] * n)
+    ax = fig.add_subplot(grid[0])
+    band = fig.add_subplot(grid[1], sharex=ax)
+    lanes = [fig.add_subplot(grid[2 + k], sharex=ax) for k in range(n)]
+    ax.axhline(data["reference"], color="grey", linewidth=1, linestyle=":", zorder=1)
+    floor = report_chart.momentum_floor(eps_rel)
     for k, island in enumerate(islands):
         colour = colours[k % len(colours)]
         # coinciding lines stay apart: each island has its own style and a thinner line than the one
@@ -200,31 +239,52 @@ def plot_progress(data: dict, title: str, path: Path) -> bool:
         line = data["lines"].get(island, [])
         if line:
             ax.step([g for g, _ in line], [y for _, y in line], where="post", color=colour,
-                    linestyle=LINESTYLES[k % len(LINESTYLES)], linewidth=3.0 - 2.0 * k / n,
-                    label=f"island {island} best so far", zorder=3)
+                    linestyle=LINESTYLES[k % len(LINESTYLES)], linewidth=3.0 - 2.0 * k / n, zorder=3)
         mine = [p for p in data["points"] if p["island"] == island]
         ok = [p for p in mine if p["kind"] == "correct"]
-        ax.scatter([p["generation"] + dx for p in ok], [p["speedup"] for p in ok], s=18, color=colour,
-                   alpha=0.7)
+        ax.scatter([p["generation"] + dx for p in ok], [p["speedup"] for p in ok], s=18, color=colour, alpha=0.7)
         for kind, marker in (("incorrect", "x"), ("failed", "|")):
             bad = [p for p in mine if p["kind"] == kind]
             if bad:
-                ax.scatter([p["generation"] + dx for p in bad], [floor] * len(bad), marker=marker, s=30,
-                           color=colour)
+                band.scatter([p["generation"] + dx for p in bad], [k] * len(bad), marker=marker, s=34, color=colour)
         for m in data["interventions"]:
             if m["island"] == island:
                 ax.plot(m["generation"], m["speedup"], MARKERS.get(m["action"], "o"), color=colour,
                         markersize=11, markeredgecolor="black")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("generation")
+        lane = lanes[k]
+        mom = data.get("momentum", {}).get(island, [])
+        if mom:
+            lane.plot([g for g, _ in mom], [max(floor, m) for _, m in mom], color=colour, linewidth=1.5)
+        if floor:
+            lane.set_yscale("log")
+        lane.set_ylim(floor or 0.0, 1.05 if not floor else 1.3)
+        if eps_rel:
+            lane.axhline(eps_rel, color="grey", linewidth=1, linestyle="--")
+        lane.set_ylabel(f"m_t {island}", fontsize=8, color=colour)
+        lane.tick_params(labelsize=7)
+    band.set_ylim(-0.6, n - 0.4)
+    band.set_yticks(range(n), [f"island {i}" for i in islands], fontsize=7)
+    band.set_ylabel("failed", fontsize=8)
+    band.set_facecolor("#fbf3f2")
+    for a in [ax, band] + lanes[:-1]:
+        a.tick_params(labelbottom=False)
+    lanes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    lanes[-1].set_xlabel("generation")
     ax.set_ylabel("speedup over the reference")
-    ax.set_title(f"{title}: dots correct, x incorrect (bottom row), | failed (bottom row); "
-                 "v backtrack, * crossover", fontsize=9)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    ax.set_title(f"{title}: every evaluation, the best so far, momentum", fontsize=10)
+    handles = [Line2D([], [], color=colours[k % len(colours)], linestyle=LINESTYLES[k % len(LINESTYLES)],
+                      linewidth=2, label=f"island {island} best so far") for k, island in enumerate(islands)]
+    handles += [Line2D([], [], color="grey", linestyle=":", label="reference (1.0x)"),
+                Line2D([], [], color="grey", marker="o", linestyle="", label="correct"),
+                Line2D([], [], color="grey", marker="x", linestyle="", label="incorrect"),
+                Line2D([], [], color="grey", marker="|", linestyle="", markersize=10, label="other failure"),
+                Line2D([], [], color="grey", marker="v", markeredgecolor="black", linestyle="", label="backtrack"),
+                Line2D([], [], color="grey", marker="*", markeredgecolor="black", linestyle="", markersize=10,
+                       label="crossover")]
+    if eps_rel:
+        handles.append(Line2D([], [], color="grey", linestyle="--", label=f"eps_rel = {eps_rel:g}"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(5, len(handles)), fontsize=8, frameon=False)
+    return fig
 
 
 def drift_summary(drifts: list[float]) -> str:

@@ -15,14 +15,22 @@ Joins made here:
   - a generation's idea text comes from the island's permanent log (never rolled back), matched in
     order by experiment, because a backtrack restores an older pool whose idea ids get reused;
   - snapshot k of an island is labelled with the generation it was saved after (one per generation,
-    one after each backtrack), so "backtrack to snapshot 3" reads "back to the state after generation 2".
-Standard library only.
+    one after each backtrack), so "backtrack to snapshot 3" reads "back to the state after generation 2";
+  - LLM exchanges (transcript.jsonl, transcript.py): a candidate's is the implementation or repair call
+    whose reply carried it; a generation's are the calls its island made for it; an idea's are the calls
+    that proposed it, placed it in the pool (new, or merged into it), summarised it or pruned it, read
+    from the generation's notes ("new idea 3", "merged proposal 2 into idea 3", "summarised idea 3",
+    "pruned ideas [3]") and a crossover's prune notes.
+Standard library only (and the project's transcript.py).
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import transcript as transcript_mod
 
 
 @dataclass
@@ -30,7 +38,10 @@ class Candidate:
     """One evaluated program and everything known about where it came from."""
     id: str
     status: str = "unknown"
-    runtime_ms: float | None = None
+    runtime_ms: float | None = None   # the score: s_0 / the paired speedup (or the measured runtime)
+    measured_ms: float | None = None  # the evaluator's own figures: the candidate's runtime, the reference
+    beside_ms: float | None = None    # timed beside it, and their ratio, the paired speedup
+    paired_speedup: float | None = None
     message: str = ""
     details: dict = field(default_factory=dict)
     time: float = 0.0
@@ -63,6 +74,10 @@ class Run:
     other_events: list[dict] = field(default_factory=list)
     candidates: dict[str, Candidate] = field(default_factory=dict)
     snapshot_labels: dict[int, list[str]] = field(default_factory=dict)
+    transcript: transcript_mod.Reading = field(default_factory=lambda: transcript_mod.Reading({}, []))
+    program_calls: dict[str, dict] = field(default_factory=dict)       # candidate id -> the call that wrote it
+    generation_calls: dict[tuple, list[dict]] = field(default_factory=dict)   # (island, gen, stage) -> calls
+    idea_calls: dict[tuple, list[tuple[str, dict]]] = field(default_factory=dict)   # (island, idea) -> [(what, call)]
 
     @property
     def config(self) -> dict:
@@ -172,6 +187,8 @@ def load(path: Path) -> Run:
     _read_candidates(run)
     _attach_log_ideas(run)
     _label_snapshots(run)
+    run.transcript = transcript_mod.read(path)
+    _link_calls(run)
     return run
 
 
@@ -270,6 +287,7 @@ def _read_candidates(run: Run) -> None:
             if c is not None and not c.details:
                 c.details = r.get("details") or {}
                 c.status = r.get("status") or c.status
+                c.measured_ms, c.beside_ms, c.paired_speedup = r.get("runtime_ms"), r.get("baseline_ms"), r.get("speedup")
                 if r.get("speedup") and run.baseline_ms:   # the run's score: s_0 / the paired speedup
                     c.runtime_ms = run.baseline_ms / r["speedup"]
                 else:
@@ -312,6 +330,51 @@ def _label_snapshots(run: Run) -> None:
         snaps = run.island(i).get("snapshots")
         if snaps is None or len(labels) >= len(snaps):   # events may run ahead of the checkpoint
             run.snapshot_labels[i] = labels
+
+
+_IDEA_NOTES = [(re.compile(r"new idea (\d+)"), ("proposed", "idea_generation"), ("added", "classification")),
+               (re.compile(r"merged proposal \d+ into idea (\d+)"), ("proposed", "idea_generation"),
+                ("merged", "classification")),
+               (re.compile(r"summarised idea (\d+)"), ("summarised", "summary"))]
+_PRUNED = re.compile(r"pruned ideas \[([\d, ]*)\]")
+
+
+def _link_calls(run: Run) -> None:
+    """Joins the transcript's calls to candidates, generations and ideas (see the module docstring)."""
+    for c in run.transcript.calls:
+        if c.get("program") and c.get("reply") is not None:
+            run.program_calls.setdefault(c["program"], c)
+        key = (c.get("island"), c.get("generation"), c.get("stage"))
+        run.generation_calls.setdefault(key, []).append(c)
+
+    def last(calls: list[dict], purpose: str) -> dict | None:   # after a format reminder, the reply used
+        return next((c for c in reversed(calls) if c.get("purpose") == purpose), None)
+
+    def link(island, idea, what: str, call: dict | None) -> None:
+        links = run.idea_calls.setdefault((island, int(idea)), [])
+        if call is not None and (what, call) not in links:
+            links.append((what, call))
+
+    for e in run.generations:
+        i, g = e["island"], e.get("generation")
+        calls = run.generation_calls.get((i, g, "generation"), [])
+        for note in e.get("notes") or []:
+            note = str(note)
+            for pattern, *whats in _IDEA_NOTES:
+                m = pattern.match(note)
+                if m:
+                    for what, purpose in whats:
+                        link(i, m.group(1), what, last(calls, purpose))
+            m = _PRUNED.match(note)
+            if m:
+                for idea in re.findall(r"\d+", m.group(1)):
+                    link(i, idea, "pruned", last(calls, "prune"))
+    for a in run.actions:
+        calls = run.generation_calls.get((a["island"], a.get("generation"), "crossover"), [])
+        for note in a.get("pruned") or []:
+            m = _PRUNED.match(str(note))
+            for idea in re.findall(r"\d+", m.group(1)) if m else []:
+                link(a["island"], idea, "pruned after the crossover", last(calls, "prune"))
 
 
 def attempt_ids(event: dict) -> list[str]:

@@ -14,8 +14,12 @@ any run directory, finished, running or killed. The page, top to bottom:
   5. per island: the idea pool now (Algorithm 1's P, each idea with its hypotheses and results), ideas
      no longer in it (pruned, or left behind by a backtrack: the permanent log L), the pool before and
      after each backtrack, and the history of its generations;
-  6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent.
-Links join candidates, ideas, generations and interventions. The fastest INLINE_SOURCES candidates
+  6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent;
+  7. the LLM exchanges (report_exchanges.py, from transcript.jsonl): calls and tokens per purpose, then every
+     call by island and generation, its prompt and reply folded, within a budget of characters.
+Links join candidates, ideas, generations, interventions and the exchanges (a candidate to the call whose
+reply carried it, a generation to its calls, an idea to the calls that proposed, added, merged, summarised
+or pruned it). The fastest INLINE_SOURCES candidates
 and the best one's nearest ancestors get their source inline; every candidate gets one row, with its
 diff inline while the page stays within DIFF_BUDGET characters of diffs and relative links to
 candidates/ beyond it, so a 1,000-generation run stays a few MB. No server, network or script library: <details> elements fold,
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import report_chart
 import report_data
+import report_exchanges
 
 INLINE_SOURCES = 10        # candidates, fastest first, whose full source is on the page
 DIFF_BUDGET = 600_000      # characters of inline diffs for the other candidates
@@ -67,7 +72,8 @@ def render(run: report_data.Run) -> str:
 SECTIONS = [("run", "The run", "summary"), ("best", "The best kernel", "best"),
             ("chart", "Every evaluation, by island", "chart"),
             ("interventions", "Interventions (Algorithm 2)", "interventions"), ("islands", "Islands", "islands"),
-            ("candidates", "Candidates", "candidates"), ("other-events", "Other events", "other_events"),
+            ("candidates", "Candidates", "candidates"), ("exchanges", "LLM exchanges", "exchanges"),
+            ("other-events", "Other events", "other_events"),
             ("configuration", "Configuration", "configuration")]
 
 CSS = """
@@ -80,7 +86,7 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums;wh
 pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:7px 9px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;margin:4px 0}
 pre.msg{background:#fff6f4;border-color:#f1cfc7}td.msg{white-space:pre-wrap;font-size:12px}.ok{color:#0a7a2f;font-weight:600}.bad{color:#b3261e;font-weight:600}
 .add{background:#e6ffec}.del{background:#ffebe9}.hunk{color:#6f42c1}
-details{margin:3px 0}summary{cursor:pointer}.card{border:1px solid #ddd;border-radius:6px;padding:4px 12px 8px;margin:12px 0}
+details{margin:3px 0}summary{cursor:pointer}details.x{margin-left:16px}h5{font-size:12px;margin:6px 0 2px;color:#555}.card{border:1px solid #ddd;border-radius:6px;padding:4px 12px 8px;margin:12px 0}
 .best{border:2px solid #0a7a2f}.chosen{font-weight:700;background:#fff3c4}.muted{color:#777}.dot{font-size:16px}
 nav{font-size:13px;margin:4px 0 12px}nav a{margin-right:12px}.chart{width:100%;height:auto;border:1px solid #eee}
 a{color:#0b57d0;text-decoration:none}a:hover{text-decoration:underline}tr:target,.card:target,details:target>summary{background:#fff3c4}
@@ -117,11 +123,12 @@ class _Page:
         self.cards = [c.id for c in ok[:INLINE_SOURCES]]
         if best:   # the nearest ancestors of the best, so a long lineage stays a few cards
             self.cards += [c.id for c in run.lineage(best.id)[-INLINE_SOURCES:] if c.id not in self.cards]
+        self.x = report_exchanges.Exchanges(run, self.cards, self._prog_link)
 
     # -- sections -----------------------------------------------------------------------------
 
     def contents(self) -> str:
-        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:6]) + "</nav>"
+        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:7]) + "</nav>"
 
     def summary(self) -> str:
         run, cfg, ck = self.run, self.run.config, self.run.checkpoint
@@ -190,11 +197,12 @@ class _Page:
         legend = " ".join(f'<span class=dot style="color:{report_chart.colour(i)}">●</span> island {i}'
                           for i in self.run.island_ids)
         letters = ", ".join(f"{v} {k}" for k, v in report_chart.STATUS_LETTER.items())
-        return (f"<p>{legend}. Dots: correct candidates (speedup = s_0 / runtime; a repair sits just right of "
-                f"its generation); lines: best so far per island; letters on the <i>failed</i> row: failed "
-                f"candidates ({letters}, ? other). Bottom: momentum m_t; below eps_rel, once the freeze "
-                f"period is over, the island intervenes: ▼sK backtrack to snapshot K, ★×j crossover with "
-                f"island j. Every mark links to its candidate or intervention.</p>" + report_chart.svg(self.run))
+        return (f"<p>{legend}. Top: one dot per correct candidate (speedup = s_0 / score; a repair sits just "
+                f"right of its generation) and each island's best so far. Middle, in a band of its own: one "
+                f"letter per failed candidate, a row per island ({letters}, ? other). Bottom: each island's "
+                f"momentum m_t in its own lane (on a log scale when eps_rel is small); below eps_rel, once the freeze period is over, "
+                f"the island intervenes: ▼sK backtrack to snapshot K, ★×j crossover with island j. Every mark "
+                f"links to its candidate or intervention.</p>" + report_chart.svg(self.run))
 
     def interventions(self) -> str:
         run = self.run
@@ -266,7 +274,7 @@ class _Page:
         out += [self._card(run.candidates[pid], n == 0) for n, pid in enumerate(self.cards)]
         out.append('<h3 id="all-candidates">Every candidate, fastest first, then the failures in order</h3>'
                    "<table><tr><th>program</th><th>island / gen</th><th>verdict</th>"
-                   "<th>evaluator message</th><th>parent</th><th>diff</th></tr>")
+                   "<th>evaluator message</th><th>parent</th><th>written by</th><th>diff</th></tr>")
         budget = DIFF_BUDGET
         for c in run.ranked():
             anchor = "" if c.id in self.cards else f' id="p-{_e(c.id)}"'
@@ -278,8 +286,11 @@ class _Page:
             out.append(f"<tr{anchor}><td>{name}</td><td>{self._where(c)}</td>"
                        f"<td>{self._verdict(c)}</td>"
                        f"<td class=msg>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
-                       f"<td>{diff_cell}</td></tr>")
+                       f"<td>{self.x.call_link(self.run.program_calls.get(c.id), short=True)}</td><td>{diff_cell}</td></tr>")
         return "\n".join(out) + "</table>"
+
+    def exchanges(self) -> str:
+        return self.x.section()
 
     def other_events(self) -> str:
         others = self.run.other_events
@@ -309,6 +320,7 @@ class _Page:
                 f"{_plural(idea.get('tried', len(records)), 'experiment')}" + (f"; best {_e(best)}" if best else "")
                 + (f"; {why}" if why else "") + "</span>")
         rows = [f"<p><b>Summary of earlier experiments:</b> {_e(idea.get('summary'))}</p>"] if idea.get("summary") else []
+        rows.append(self.x.idea_links(island, idea.get("id")))
         if records:
             rows.append("<table><tr><th>#</th><th>experiment</th><th>result</th><th>program</th></tr>")
             for n, h in enumerate(records, 1):
@@ -355,7 +367,7 @@ class _Page:
                        f"<td>{_e(_short(e.get('experiment') or '', 240))}</td><td>{self._event_result(e, 0)}</td>"
                        f"<td>{progs}</td>"
                        f"<td class=n>{_num(e.get('momentum'))}</td><td class=n>{_num(e.get('r_t'))}</td>"
-                       f"<td class=n>{e.get('llm_calls', '')}</td><td>"
+                       f"<td class=n>{self.x.calls_link(i, g, e.get('llm_calls', ''))}</td><td>"
                        + (f"<details><summary>{len(notes)}</summary>" + "<br>".join(_e(n) for n in notes)
                           + "</details>" if notes else "") + "</td></tr>")
             if g in by_gen:
@@ -366,23 +378,35 @@ class _Page:
     def _card(self, c: report_data.Candidate, first: bool) -> str:
         d = c.details or {}
         t = d.get("timing") or {}
-        rows = [("verdict", self._verdict(c)), ("evaluator", f"<pre{'' if c.ok else ' class=msg'}>{_e(c.message)}</pre>"),
+        rows = [("verdict", self._verdict(c) + (" <span class=muted>(the speedup, and the score in ms that the "
+                                                 "search ranks by)</span>" if c.ok else "")),
+                ("evaluator", f"<pre{'' if c.ok else ' class=msg'}>{_e(c.message)}</pre>"),
                 ("island / generation", self._where(c)),
                 ("idea", self._idea_link(c.island, c.idea, c.idea_text)), ("experiment", _e(c.experiment)),
-                ("written from", self._parent_text(c))]
+                ("written from", self._parent_text(c)),
+                ("written by", self.x.call_link(self.run.program_calls.get(c.id))
+                 + " (the prompt and the reply that carried this program)")]
         if c.children:
             rows.append(("programs written from it", ", ".join(self._prog_link(p) for p in c.children)))
-        if t:
-            rows.append(("timing", f"median {_num(t.get('median_ms'))} ms of {len(t.get('samples_ms') or [])} "
-                                   f"calls, IQR {_num(t.get('iqr_ms'))} ms, host {_num(t.get('host_ms_per_call'))} "
-                                   f"ms/call, {_e(t.get('bound') or '')}-bound"))
+        if c.ok and c.paired_speedup and self.s0:
+            rows.append(("score", f"{c.runtime_ms:.4g} ms = s_0 {self.s0:.4g} ms (the reference at the start) / "
+                                  f"{c.paired_speedup:.3f}, the speedup measured against the reference timed "
+                                  f"beside it: {_num4(c.measured_ms)} ms for this program, {_num4(c.beside_ms)} ms "
+                                  f"for the reference. A machine that got busier or quieter since the start moves "
+                                  f"both, so the score does not move."))
+        if t.get("pairs"):
+            low, high = t.get("interval") or (None, None)
+            rows.append(("timing", f"{_num(t.get('runtime_ms'))} ms per call, the reference {_num(t.get('baseline_ms'))} "
+                                   f"ms beside it: {_num(t.get('speedup'))}x (95% interval {_num(low)}-{_num(high)}) "
+                                   f"from {t['pairs']} pairs of batches of {t.get('calls_per_batch')} calls, "
+                                   f"by {_e(t.get('clock') or 'the parent')}"))
         trials = d.get("trials") or []
         if trials:
             worst = max((x.get("rel_l2") or 0) for x in trials)
             rows.append(("correctness", f"{sum(bool(x.get('ok')) for x in trials)} of {len(trials)} input sets "
                                         f"within tolerance; worst relative L2 error {worst:.2g}"))
-        cost = ", ".join(f"{name} {d[k]:.3g} s" for k, name in (("build_wall_s", "build"), ("check_s", "checking"),
-                                                               ("time_s", "timing")) if isinstance(d.get(k), (int, float)))
+        cost = ", ".join(f"{name} {d[k]:.3g} s" for k, name in (("build_wall_s", "build"), ("time_s", "checking and timing"))
+                         if isinstance(d.get(k), (int, float)))
         if cost:
             rows.append(("cost", cost))
         src = self._source(c.id)
@@ -436,7 +460,10 @@ class _Page:
     def _best_text(self, c: report_data.Candidate) -> str:
         gb = self.run.checkpoint.get("global_best") or {}   # its confirmed score, after any re-measurement
         ms = gb["runtime_ms"] if gb.get("program") == c.id and gb.get("runtime_ms") else c.runtime_ms
-        return (f"<b>{self.run.speedup(ms) or 0:.3f}x</b> the reference ({ms:.4g} ms): "
+        slower = (self.run.speedup(ms) or 0) < 1
+        return (f"<b>{self.run.speedup(ms) or 0:.3f}x</b> the reference (score {ms:.4g} ms "
+                f"= s_0 / speedup)" + (", <b>slower</b>: no candidate has beaten the reference" if slower else "")
+                + ": "
                 f"program {self._prog_link(c.id)}, island {c.island}, generation {self._gen_link(c.island, c.generation)}"
                 " (<code>best.py</code>)")
 
@@ -540,6 +567,10 @@ def _short(text: str, n: int) -> str:
 
 def _num(x) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "–"
+
+
+def _num4(x) -> str:
+    return f"{x:.4g}" if isinstance(x, (int, float)) else "–"
 
 
 def _status(status) -> str:

@@ -33,20 +33,30 @@ measured once (s_0); then rounds run until the generations, the token budget or 
 A round is the unit of checkpointing: the state (pools, logs, programs, momentum, snapshots, random
 generators) is written atomically to checkpoint.json at round 0 and after every round, and every
 evaluation is stored the moment it finishes, so `--resume DIR` loses nothing and re-evaluates nothing.
-With a deterministic LLM the resumed run is the same as an uninterrupted one.
-Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 130 Ctrl-C.
+With a deterministic LLM the resumed run is the same as an uninterrupted one. Only verdicts about a
+candidate are stored: an evaluation that raised (the evaluator's own failure) or that finished after a
+stop was asked for (Ctrl-C, SIGTERM, or the run ending for any other reason: its workers may have been
+killed under it) is no verdict, is never stored, and runs again on resume. A score that is not a finite,
+positive runtime is never a best and never enters momentum. Every LLM call, probes included, is kept in
+transcript.jsonl (transcript.py); `--replay DIR` runs a recorded search again with its replies, no network
+(replay.py).
+Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 4 the evaluator
+failed, 5 a replay (--replay DIR) left its recording, 130 Ctrl-C (SIGINT), 143 SIGTERM.
 """
 from __future__ import annotations
 
-import collections
+import stopping
+if __name__ == "__main__":   # a signal while the modules below load: one line, no traceback
+    stopping.quiet_until_installed()
+
+import collections  # noqa: E402
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import re
-import signal
 import sys
 import threading
 import time
@@ -55,16 +65,19 @@ from pathlib import Path
 
 import background
 import cli
+import console
 import crossover
 import hcm
 import llm_check
 import momentum
 import ranking
+import replay as replay_mod
 import rundir as rundir_mod
 import report_html
 import tasks
-from run_setup import (SetupError, check_device, make_clients, make_evaluator,  # noqa: F401
-                       measure_reference, new_run_dir, record_resume)
+import transcript
+from run_setup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
+                       measure_reference, new_run_dir, nothing_to_add, record_resume)
 from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
 from report import best_header, write_report  # noqa: F401
 from rundir import RunDir, write_atomic  # noqa: F401
@@ -73,7 +86,9 @@ TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
 EXIT_LLM_FAILURES = 3
 EXIT_EVALUATOR_FAILED = 4
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = stopping.EXIT_INTERRUPTED
+EXIT_TERMINATED = stopping.EXIT_TERMINATED
+EXIT_REPLAY_MISMATCH = 5
 _hardware_name = rundir_mod.hardware_name
 REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
 
@@ -146,8 +161,15 @@ class Search:
     """Islands running HCM generations with Algorithm 2 between them."""
 
     def __init__(self, cfg: Config, task: tasks.Task, evaluator, llm_main, llm_cheap, rundir: RunDir,
-                 baseline_ms: float, device: str, out=print):
+                 baseline_ms: float, device: str, out=print, facts: dict | None = None,
+                 book: transcript.Transcript | None = None, stop: stopping.StopRequest | None = None):
+        """`facts`: the device facts of the prompts' background (a replay gives the recorded ones); `book`: the
+        transcript, when records were made before the run directory existed (the probes); `stop`: the signals'
+        stop request (main installs it); evaluations finishing after it are dropped."""
         self.cfg, self.task, self.evaluator, self.rundir = cfg, task, evaluator, rundir
+        self.stop = stop or stopping.StopRequest()
+        self.closed = threading.Event()   # run() has ended: nothing that finishes now is a verdict
+        self.discarded = 0                # evaluations dropped for that (their round is never checkpointed)
         self.llm_main, self.llm_cheap = llm_main, llm_cheap
         self.s0 = baseline_ms
         self.target = baseline_ms / cfg.target_speedup if cfg.target_speedup else 0.0
@@ -169,7 +191,9 @@ class Search:
         self._inflight: dict[str, threading.Event] = {}
         self.hcm_config = hcm.HCMConfig(n_proposals=cfg.proposals, k_idea=cfg.k_idea,
                                         k_hyp=cfg.k_hyp, max_repairs=cfg.repairs)
-        facts = background.device_facts(evaluator, device)
+        self.transcript = book if book is not None else transcript.Transcript()
+        self.transcript.attach(rundir.path)
+        self.facts = facts = facts or background.device_facts(evaluator, device)
         text = background.kernel_background(facts, task.description)
         brief = background.kernel_brief(facts, task.description)
         # Each island names itself in its prompts: islands start from the same empty state, and with a
@@ -241,13 +265,7 @@ class Search:
             waiter.wait()   # another island is evaluating the same source right now
         if cached is None:
             try:
-                try:
-                    result = self.evaluator.evaluate(src).to_dict()
-                except Exception as exc:   # a candidate's failure is a status; an exception is the evaluator's
-                    self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-                    raise
-                result["program_id"] = pid
-                self.rundir.store_eval(key, result)   # stored before any waiter wakes up
+                result = self._verdict(pid, key, src)   # stored before any waiter wakes up
             finally:
                 with self._eval_lock:
                     self._inflight.pop(key).set()
@@ -265,9 +283,44 @@ class Search:
                               runtime_ms=self.score(result), **ranking.measured(result))
         return self._outcome(pid, result)
 
+    def _verdict(self, pid: str, key: str, src: str) -> dict:
+        """The evaluator's verdict on `src`, stored; no verdict (an exception, or an evaluation that ended
+        after a stop was asked for) raises and stores nothing."""
+        try:
+            result = self.evaluator.evaluate(src).to_dict()
+        except Exception as exc:   # a candidate's failure is a status; an exception is the evaluator's
+            if self._stopping():
+                raise self._discard(pid) from None
+            self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            self.rundir.event("evaluation", program=pid, status="no_verdict", failed="evaluator",
+                              message=self.evaluator_error)
+            raise
+        result["program_id"] = pid
+        with self._eval_lock:
+            if self._stopping():   # the signal may have killed its workers, or close() stopped it
+                raise self._discard(pid)
+            if result["status"] == "ok" and self.score(result) is None:
+                return result   # a runtime that is no number: not a verdict to keep (see _outcome)
+            if result["status"] != "ok":
+                result["failed"] = "candidate"   # every stored failure is the candidate's
+            self.rundir.store_eval(key, result)
+        return result
+
+    def _stopping(self) -> bool:
+        return self.closed.is_set() or self.stop.requested()
+
+    def _discard(self, pid: str) -> Exception:
+        self.discarded += 1
+        return EvaluationDiscarded(f"the evaluation of {pid} ended after the run was asked to stop; "
+                                   "it was not stored and runs again on resume")
+
     def _outcome(self, pid: str, r: dict) -> hcm.Outcome:
         """The result HCM records. A program's first measurement becomes its figures; one measured again
         in a head-to-head keeps the re-measured figures, and its score and metric are those."""
+        if r["status"] == "ok" and self.score(r) is None:
+            return hcm.Outcome(status="ok", score=None, metric="ok, not scored",
+                               message=f"ok, but the runtime it measured is no finite, positive number "
+                                       f"({r.get('runtime_ms')} ms, speedup {r.get('speedup')}); not scored")
         with self._eval_lock:
             fig = self.ledger.note(pid, r)
         if fig is None:
@@ -279,17 +332,29 @@ class Search:
         """The runtime at the run's reference conditions: s_0 / speedup, where the speedup comes from the
         reference timed beside the candidate (the machine's load between now and the start cancels out);
         the candidate's own runtime where the result has no speedup."""
-        if r["status"] != "ok" or not r.get("runtime_ms"):
+        if r["status"] != "ok" or not _positive(r.get("runtime_ms")):
             return None
-        return self.s0 / r["speedup"] if r.get("speedup") else r["runtime_ms"]
+        speedup = r.get("speedup")
+        if speedup is None:
+            return r["runtime_ms"]
+        return self.s0 / speedup if _positive(speedup) and _positive(self.s0 / speedup) else None
 
     def _generation(self, island: Island):
         parent = self._parent(island)
-        watch = self.llm_watch   # counts failures in a row and tokens per island
+        g = island.generation + 1
         return hcm.run_generation(island.pool, island.log, task=self.contexts[island.index], parent=parent,
-                                  llm=watch.wrap(self.llm_main, island.index),
-                                  cheap_llm=watch.wrap(self.llm_cheap, island.index), execute=self._execute,
-                                  config=self.hcm_config, rng=island.rng)
+                                  llm=self._llm(self.llm_main, "main", island, g),
+                                  cheap_llm=self._llm(self.llm_cheap, "secondary", island, g),
+                                  execute=self._execute, config=self.hcm_config, rng=island.rng)
+
+    def _llm(self, client, role: str, island: Island, generation: int, stage: str = "generation"):
+        """What HCM calls: `client` as this island sees it (a replay answers per island), watched for
+        failures in a row and tokens (llm_check), every call kept in the transcript."""
+        if client is None:
+            return None
+        view = client.for_island(island.index) if hasattr(client, "for_island") else client
+        return self.transcript.recorder(self.llm_watch.wrap(view, island.index), client, role=role,
+                                        island=island.index, generation=generation, stage=stage)
 
     # -- Algorithm 2, applied at the end of each round, in island order -------------------------
 
@@ -301,6 +366,7 @@ class Search:
         island.forced_parent = None
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
+        score = score if _positive(score) else None   # a NaN or inf is never a best nor momentum
         pid = gen.program_id or None
         crowned, incumbent = False, island.best
         if score is not None and pid:
@@ -360,7 +426,9 @@ class Search:
             merged = hcm.merge_pools(island.pool, partner.pool, src_name=f"island {partner.index}",
                                      dst_name=f"island {island.index}")
             notes = hcm.prune_pool(island.pool, island.log,
-                                   llm=self.llm_watch.wrap(self.llm_cheap or self.llm_main, island.index),
+                                   llm=self._llm(self.llm_cheap or self.llm_main,
+                                                 "secondary" if self.llm_cheap else "main", island,
+                                                 island.generation, stage="crossover"),
                                    config=self.hcm_config, task=self.contexts[island.index])
             self.unusable.update(hcm.count_unusable(notes))
             record.update(action="crossover", partner=action, parent=given.id,
@@ -388,8 +456,12 @@ class Search:
     # -- the confirmed ranking (ranking.py): verdicts, head-to-heads, scores that follow them -------
 
     def _confirm(self, island: Island, challenger: str, incumbent: str) -> bool:
-        """Whether `challenger` takes the title from `incumbent` (ranking.Ledger.confirm)."""
-        crowned, duel = self.ledger.confirm(challenger, incumbent, self._remeasure)
+        """Whether `challenger` takes the title from `incumbent` (ranking.Ledger.confirm). A head-to-head
+        the evaluator could not finish decides nothing and is not kept: the title stays."""
+        try:
+            crowned, duel = self.ledger.confirm(challenger, incumbent, self._remeasure)
+        except HeadToHeadAborted:
+            return False
         if duel is not None:
             self.rundir.event("head_to_head", island=island.index, generation=island.generation,
                               round=self.round, challenger=challenger, incumbent=incumbent, **duel)
@@ -398,9 +470,10 @@ class Search:
                       + ("the challenger takes the title" if crowned else "the title stays"))
         return crowned
 
-    def _remeasure(self, pid: str, tag: str) -> dict | None:
+    def _remeasure(self, pid: str, tag: str) -> dict:
         """One more evaluation of a program, stored under its own key (a resume re-reads it, nothing is
-        measured twice); None when the evaluator itself failed."""
+        measured twice). As for a candidate's evaluation, only a verdict is stored: after a stop request
+        the run stops here; an evaluator that fails ends the head-to-head (HeadToHeadAborted)."""
         src = self.rundir.program(pid)
         key = self.rundir.eval_key(self.eval_context + "\0" + tag, src)
         result = self.rundir.load_eval(key)
@@ -408,8 +481,14 @@ class Search:
             try:
                 result = self.evaluator.evaluate(src).to_dict()
             except Exception as exc:   # the evaluator's failure, not the program's: the run stops after this round
+                if self._stopping():
+                    self.stop.interrupt()
                 self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-                return None
+                self.rundir.event("remeasure", program=pid, tag=tag, status="no_verdict", failed="evaluator",
+                                  message=self.evaluator_error)
+                raise HeadToHeadAborted(self.evaluator_error) from None
+            if self._stopping():   # the signal may have killed its workers: no verdict
+                self.stop.interrupt()
             result["remeasured_program"] = pid   # not "program_id": it is no candidate's first evaluation
             self.rundir.store_eval(key, result)
             d = result.get("details") or {}
@@ -421,18 +500,25 @@ class Search:
 
     def _rescore(self) -> None:
         """Every copy of a program's score follows its confirmed figures; elites are ranked by them; the
-        run's best carries its figures, and best.py is rewritten when they change."""
+        run's best carries its figures (best.py follows at the next checkpoint)."""
         for island in self.islands:
             for p in island.elites + ([island.best] if island.best else []):
                 p.score = self._score_of(p.id)
             island.elites = sorted(island.elites, key=lambda p: p.score)[:TOURNAMENT_TOP_K]
         gb = self.global_best
         figures = self.ledger.summary(gb["program"]) if gb and gb["program"] in self.ledger.figures else None
-        if figures and any(gb.get(k) != v for k, v in figures.items()):
+        if figures:
             gb.update(figures)
+
+    def write_best(self) -> None:
+        """best.py for the checkpointed global best: written after each checkpoint (and on resume), so it
+        never shows a program of a round a stop left unfinished; its header gives the measured figures."""
+        gb = self.global_best
+        if gb is not None:
             header = best_header(self.task.name, _hardware_name(self.device), self.s0, gb,
-                                 self._metric_text(gb["program"]), self.ledger.standing(gb["program"]))
-            write_atomic(self.rundir.path / "best.py", header + self.rundir.program(gb["program"]))
+                                 self._metric_text(gb["program"]),
+                                 self.ledger.standing(gb["program"]) if gb["program"] in self.ledger.figures else "")
+            self.rundir.save_best(gb, self.task.name, self.s0, _hardware_name(self.device), header=header)
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -444,23 +530,27 @@ class Search:
                 if self._over_budget():
                     return "token budget reached"
                 gens = list(pool.map(self._generation, self.islands))
+                if self.discarded or self.stop.requested():   # never checkpoint a round with a dropped result
+                    self.stop.interrupt()
                 self.round += 1
                 for island, gen in zip(self.islands, gens):
                     self._record(island, gen)
                 if self.llm_watch.tripped:   # no intervention on generations the LLM never served
                     self.checkpoint()
-                    return (f"stopped: {self.llm_watch.limit} LLM calls in a row failed (last: "
+                    return (f"{self.llm_watch.limit} LLM calls in a row failed (last: "
                             f"{self.llm_watch.last_error})")
                 if self.evaluator_error:   # every later candidate would fail the same way
                     self.checkpoint()
-                    return f"stopped: the evaluator failed ({self.evaluator_error})"
+                    return f"the evaluator failed ({self.evaluator_error})"
                 if self.round < self.cfg.generations:   # after an island's last generation nothing can change
                     for island in self.islands:
                         self._intervene(island)
                 self.checkpoint()
                 write_html_report(self.rundir.path)
         finally:
-            # on Ctrl-C, do not wait for the round in flight: its evaluations are already stored
+            # on Ctrl-C, do not wait for the round in flight: its finished evaluations are stored, and any
+            # that finishes from now on is dropped (the evaluator is closed next)
+            self.closed.set()
             pool.shutdown(wait=False, cancel_futures=True)
         return "all generations done"
 
@@ -481,10 +571,12 @@ class Search:
                 "ledger": self.ledger.to_dict(), "remeasured": self.remeasured, "unusable": self.unusable,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
-                "events": self.rundir.events_written}
+                "events": self.rundir.events_written, "transcript": self.transcript.lines,
+                "device_facts": self.facts}
 
     def checkpoint(self) -> None:
         self.rundir.save_checkpoint(self.state())
+        self.write_best()
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.time() - self.started
@@ -503,6 +595,8 @@ class Search:
         self.llm_watch.restore(state.get("llm", {}))
         self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])
+        self.transcript.rewind(state.get("transcript"))
+        self.write_best()   # a stop between a checkpoint and its best.py leaves the old one
         for client, key in ((self.llm_main, "main"), (self.llm_cheap, "secondary")):
             saved = state["usage"].get(key)
             if client is not None and saved and isinstance(getattr(client, "usage", None), dict):
@@ -517,19 +611,26 @@ class Search:
             self.out(line)
 
     def _progress(self, island: Island, gen, score: float | None) -> None:
-        failed = _llm_failures(gen.events)
-        result = self._metric_text(gen.program_id) if score else (
-            gen.outcome.status if gen.outcome else gen.status)
-        if gen.status == "llm_error" and failed:
-            result = f"llm_error ({', '.join(sorted(set(failed)))})"
-        elif failed:
-            result += (f" [{len(failed)} LLM call{'s' * (len(failed) > 1)} failed: "
-                       f"{', '.join(sorted(set(failed)))}]")
+        result = console.generation_result(gen, score, self.s0, _llm_failures(gen.events),
+                                           shown=self._metric_text(gen.program_id) if score else None)
         best = island.momentum.best
         glob = max(1.0, self.global_best["speedup"] if self.global_best else 1.0)   # the reference is 1.00x
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"
-                  f" island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
+                  f"  island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
                   f"m={island.momentum.value:.3f}  tokens {self.tokens():,}")
+
+
+class HeadToHeadAborted(Exception):
+    """The evaluator failed during a head-to-head: it decides nothing (the run stops after the round)."""
+
+
+class EvaluationDiscarded(Exception):
+    """An evaluation that ended after the run was asked to stop: no verdict, never stored."""
+
+
+def _positive(x) -> bool:
+    """A usable runtime or score: a finite number above zero (NaN, inf, 0 and None are not)."""
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
 def _usage(client) -> dict:
@@ -562,76 +663,92 @@ load_task = cli.load_task
 
 def main(argv: list[str] | None = None) -> int:
     cfg = cli.parse_args(argv)   # a bad option exits 2 here, with one line
-    with _terminate_as_interrupt():
-        return _main_with_messages(cfg, argv)
-
-
-def _main_with_messages(cfg: Config, argv: list[str] | None) -> int:
+    stop, log = stopping.StopRequest(), RunLog()
     try:
-        return _main(cfg, cli.given_options(argv))
+        with stop.installed():   # SIGINT and SIGTERM end a run the same way: report written, resumable
+            return _main_with_messages(cfg, argv, stop, log)
+    finally:
+        log.close()
+
+
+def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.StopRequest, log: RunLog) -> int:
+    try:
+        return _main(cfg, cli.given_options(argv), stop, log)
     except (SetupError, cli.UsageError, rundir_mod.RunDirError, llm_check.ProbeFailed) as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("run.py: interrupted (Ctrl-C) during set-up; " + (
+        stop.closing = True
+        print(f"run.py: {stop.what} during set-up; " + (
             f"{cfg.resume} is unchanged" if cfg.resume else "no run directory was made"), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stop.exit_code
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM (a job scheduler, `timeout`) ends a run as Ctrl-C does: report written, resumable."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _main(cfg: Config, given: set[str]) -> int:
-    """Set up (task, device, LLM, run directory), measure s_0, run the islands, report."""
+def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None,
+          log: RunLog | None = None) -> int:
+    """Set up (task, device, LLM, cluster, run directory), measure s_0, run the islands, report."""
+    stop = stop or stopping.StopRequest()
     if cfg.report:
         if not Path(cfg.report, "events.jsonl").exists() and not Path(cfg.report, "checkpoint.json").exists():
             raise SetupError(f"--report {cfg.report}: not a run directory (no events.jsonl or checkpoint.json)")
         print(report_html.write(Path(cfg.report)))
         return 0
     say = (lambda line: None) if cfg.quiet else print
+    recording = None
     if cfg.resume:
         rd = rundir_mod.RunDir.open(Path(cfg.resume))
         config = rd.read_config()
         cfg, changes = cli.resume_config(config["config"], cfg, given)
+        if cfg.replay:
+            raise SetupError(f"--resume {rd.path}: a replay cannot be resumed; run --replay {cfg.replay} again")
         task, note = rd.saved_task(config)
+        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
+        finished = nothing_to_add(state, cfg, rd.path)
+        if finished:   # nothing measured, probed or written
+            print(f"run.py: {finished}")
+            return 0
         if note:
             print(f"run.py: note: {note}", file=sys.stderr)
-        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
+    elif cfg.replay:   # the recording's task and options; its LLM replies, s_0, device facts and results
+        recording = replay_mod.Recording.open(Path(cfg.replay))
+        cfg = recording.config(cfg, given)
+        task, changes, state, config = recording.task, {}, None, None
+        rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
     else:
         task, changes, state, config = cli.load_task(cfg.task), {}, None, None
-    if cfg.out and not cfg.resume:
-        rundir_mod.RunDir.check_new(Path(cfg.out))   # before anything slow: an existing run stays untouched
+        # before anything slow: an existing run stays untouched, an unusable place is named
+        rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
     device = cfg.device or task.device
     check_device(device, task)
-    llm_main, llm_cheap = make_clients(cfg)
+    book = transcript.Transcript()
+    llm_main, llm_cheap = recording.clients() if recording else make_clients(cfg)
     for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
-        if client is not None:
-            llm_check.probe(client, role)
+        if client is not None and not recording:
+            llm_check.probe(book.recorder(client, role=role, stage="setup", purpose="probe"), role,
+                            getattr(client, "origin", None))
+    owns_ray = connect_ray(cfg, device, log) if cfg.ray else False   # before the directory and s_0
+    stop.install()   # ray.init replaces the SIGTERM handler with one that exits at once
     if cfg.resume:
         rd = rundir_mod.RunDir(rd.path, Path(cfg.eval_cache) if cfg.eval_cache else None)
+        rd.remove_leftovers()
         record_resume(rd, config, cfg, changes, state)
     else:
         rd = new_run_dir(cfg, task, device)
-    # From here on the run directory exists: Ctrl-C leaves it resumable.
+    if log is not None:
+        log.attach(rd)
+    # From here on the run directory exists: Ctrl-C or SIGTERM leaves it resumable.
     search = None
     try:
-        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd), rd, task, cfg,
-                                                device, say)
-        try:
-            baseline = state["baseline_ms"] if state else measured   # a resumed run keeps its s_0
-            search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device)
+        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd, owns_ray), rd, task,
+                                                cfg, device, say)
+        if recording:   # the search sees the recording's s_0 and results; this machine's go beside them
+            evaluator = recording.evaluator(evaluator, lambda line: print(f"run.py: {line}", file=sys.stderr))
+            say(f"replaying {recording.path}: s_0 {recording.s0:.4g} ms as recorded (measured here: "
+                f"{measured:.4g} ms); every LLM reply from its transcript")
+        try:   # a resumed run keeps its s_0; a replay takes the recording's
+            baseline = state["baseline_ms"] if state else recording.s0 if recording else measured
+            search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device, book=book,
+                            facts=recording.facts if recording else None, stop=stop)
             if state:
                 search.restore(state)
                 say(f"resuming {rd.path} at round {search.round}")
@@ -642,40 +759,38 @@ def _main(cfg: Config, given: set[str]) -> int:
             why = search.run()
         finally:
             evaluator.close()
+            rd.remove_leftovers()
     except KeyboardInterrupt:
-        if search is not None:
-            try:   # islands may still be finishing their round in worker threads
-                write_report(search, "interrupted (Ctrl-C)")
-                write_html_report(rd.path)
-            except Exception:
-                pass
-        print(f"run.py: interrupted (Ctrl-C); continue with: python run.py --resume {rd.path}",
-              file=sys.stderr)
-        sys.stdout.flush()
-        os._exit(EXIT_INTERRUPTED)   # worker threads may still sit in an LLM call; everything is on disk
+        _stop_on_signal(stop, search, rd)
     except SetupError as e:
         raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
                          f"continue with --resume {rd.path})") from None
+    except replay_mod.ReplayMismatch as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return EXIT_REPLAY_MISMATCH
     report = write_report(search, why)
     write_html_report(rd.path)
+    cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evaluator_error else ""
     gb = search.global_best
-    if gb is None:
-        best = "No correct candidate. "
-    elif gb["runtime_ms"] < search.s0:
-        best = f"Best {search._metric_text(gb['program'])} in {rd.path / 'best.py'}. "
-    else:
-        best = (f"No candidate beat the reference; the fastest correct one ({search._metric_text(gb['program'])}) "
-                f"is in {rd.path / 'best.py'}. ")
-    print(f"done: {why}. {best}Report: {report}, {rd.path / 'report.html'}")
-    if search.llm_watch.tripped:
-        print(f"run.py: {why}. Fix the LLM set-up, then continue with: python run.py --resume {rd.path} "
-              "(--model, --base-url, --provider may change)", file=sys.stderr)
-        return EXIT_LLM_FAILURES
-    if search.evaluator_error:
-        print(f"run.py: {why}. Fix the evaluator's set-up (device, cluster), then continue with: "
-              f"python run.py --resume {rd.path}", file=sys.stderr)
-        return EXIT_EVALUATOR_FAILED
-    return 0
+    done, fix = console.final_lines(why, cause, gb, search.s0, rd.path, report,
+                                    shown=search._metric_text(gb["program"]) if gb else None)
+    print(done)
+    if recording:
+        print(f"replay: {search.evaluator.replay_summary()}")
+    if fix:
+        print(fix, file=sys.stderr)
+    return {"llm": EXIT_LLM_FAILURES, "evaluator": EXIT_EVALUATOR_FAILED}.get(cause, 0)
+
+
+def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir):
+    """After Ctrl-C or SIGTERM with the run directory made: the reports (once the search had started; the
+    islands may still be finishing their round in worker threads), one line, exit 130 or 143."""
+    def reports():
+        if search is not None:
+            write_report(search, stop.what)
+            write_html_report(rd.path)
+        rd.remove_leftovers()
+    stopping.exit_after(stop, reports, f"continue with: python run.py --resume {rd.path}")
 
 
 if __name__ == "__main__":

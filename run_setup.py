@@ -2,8 +2,11 @@
 
     check_device(device, task)          # a missing GPU, with a hint that fits the task
     main, cheap = make_clients(cfg)     # llm.Client for --model and --secondary-model
+    started = connect_ray(cfg, device, log)   # --ray: the cluster reached and big enough, before anything slow
     evaluator = make_evaluator(cfg, task, device, rd)   # worker logs in the run directory
     s0 = measure_reference(evaluator, rd, task, cfg, device, say)   # within --reference-limit seconds
+    nothing_to_add(state, cfg, path)    # a resumed run that is already finished says so
+    log = RunLog(); log.attach(rd)      # third-party warnings go to logs/run.log, not the console
 
 Each problem a user can fix raises SetupError with one line saying what and how.
 """
@@ -11,13 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import re
+import shutil
+import sys
 import threading
 import time
 from pathlib import Path
 
 import llm
+import llm_check
 import rundir as rundir_mod
 import tasks
 from cli import Config
@@ -28,15 +35,24 @@ class SetupError(Exception):
 
 
 def new_run_dir(cfg: Config, task: tasks.Task, device: str) -> rundir_mod.RunDir:
-    """The run directory of a new run, with its reference copy and config.json."""
-    rd = rundir_mod.RunDir.create(Path(cfg.out) if cfg.out else None, task.name,
-                                  Path(cfg.eval_cache) if cfg.eval_cache else None)
-    cfg.out = str(rd.path)
-    rd.save_reference(task)
-    rd.write_config({"config": dataclasses.asdict(cfg), "task": rundir_mod.task_settings(task),
-                     "reference_sha256": rundir_mod.sha256(task.reference_src), "device": device,
-                     "hardware": rundir_mod.hardware_name(device), "versions": rundir_mod.versions(device),
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumes": []})
+    """The run directory of a new run, with its reference copy and config.json; made whole or not at all
+    (a Ctrl-C while it is made leaves no directory that is not a run)."""
+    path = Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name)
+    existed = path.exists()
+    rd = rundir_mod.RunDir.create(path, task.name, Path(cfg.eval_cache) if cfg.eval_cache else None)
+    try:
+        cfg.out = str(rd.path)
+        rd.save_reference(task)
+        rd.write_config({"config": dataclasses.asdict(cfg), "task": rundir_mod.task_settings(task),
+                         "reference_sha256": rundir_mod.sha256(task.reference_src), "device": device,
+                         "hardware": rundir_mod.hardware_name(device), "versions": rundir_mod.versions(device),
+                         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumes": []})
+    except BaseException:
+        for child in rd.path.iterdir():   # all ours: the directory was missing or empty
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if not existed:
+            rd.path.rmdir()
+        raise
     return rd
 
 
@@ -74,8 +90,12 @@ def check_device(device: str, task: tasks.Task) -> None:
 
 
 def make_clients(cfg: Config):
+    """The main and secondary clients (None when not configured); each carries `origin`, where its model
+    and URL came from (an option or a variable), for the fixes the probe suggests."""
+    model_origin = "--model"
     if not cfg.model and not cfg.base_url:
         cfg.model = os.environ.get("PACEVOLVE_MODEL")
+        model_origin = "PACEVOLVE_MODEL"
     if not cfg.model:
         raise SetupError(
             "no LLM configured: pass --model (e.g. --model gemini-2.5-pro with GEMINI_API_KEY set, "
@@ -87,12 +107,17 @@ def make_clients(cfg: Config):
     if cfg.max_output_tokens is not None:
         kw["max_output_tokens"] = cfg.max_output_tokens
     clients = []
-    for model in (cfg.model, cfg.secondary_model):
+    for model, origin in ((cfg.model, model_origin), (cfg.secondary_model, "--secondary-model")):
         if not model:
             clients.append(None)
             continue
         try:
-            clients.append(llm.Client.from_env(model, provider=cfg.provider, base_url=cfg.base_url, **kw))
+            client = llm.Client.from_env(model, provider=cfg.provider, base_url=cfg.base_url, **kw)
+            env_url = (os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
+            url = ("--base-url" if cfg.base_url else
+                   "OPENAI_BASE_URL" if env_url and client.base_url == env_url else "")
+            client.origin = llm_check.Origin(model=origin, base_url=url)
+            clients.append(client)
         except llm.AuthError as e:
             raise SetupError(f"cannot set up the LLM client for {model!r}: {e}") from None
         except ValueError:
@@ -101,7 +126,7 @@ def make_clients(cfg: Config):
     return clients[0], clients[1]
 
 
-def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.RunDir):
+def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.RunDir, owns_ray: bool = False):
     import evaluate_kernel
     kw = {"device": device, "allow_tf32": cfg.allow_tf32, "log_dir": str(rd.logs)}
     if device == "cuda" and cfg.gpus:
@@ -111,25 +136,47 @@ def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.Ru
     if folder:   # a problem file may import a module beside it
         kw["import_dirs"] = [os.path.dirname(folder)]
     if cfg.ray:
-        return _ray_evaluator(cfg, task, kw)
+        return _ray_evaluator(cfg, task, kw, owns_ray)
     try:
         return evaluate_kernel.Evaluator.for_task(task, **kw)
     except RuntimeError as e:
         raise SetupError(f"the reference does not start on {device}: {_reference_problem(e)}") from None
 
 
-def _ray_evaluator(cfg: Config, task: tasks.Task, kw: dict):
-    """The evaluator of --ray: actors on the cluster's GPUs (or CPUs), the same interface as a local one."""
-    if "gpus" in kw:
-        raise SetupError("--gpus picks this machine's GPUs; with --ray every GPU of the cluster gets an "
-                         "actor (use --ray-actors to use fewer)")
+def connect_ray(cfg: Config, device: str, log: "RunLog | None" = None) -> bool:
+    """--ray: Ray installed, its cluster reached (or started, for `local`) and able to hold an evaluation
+    actor, checked before the run directory is made and the reference measured. Ray's own log lines go to
+    the run's log. Returns True when Ray was started here (it is shut down with the evaluator)."""
     try:
         import ray_eval
     except ImportError as e:
-        raise SetupError(f"--ray needs Ray ({e}): pip install -r requirements-ray.txt") from None
+        raise SetupError(f"--ray needs Ray, which is not installed here ({e}): pip install -r "
+                         "requirements-ray.txt, or run without --ray") from None
+    if log is not None:
+        log.adopt("ray")
+    started = False
+    try:
+        started = ray_eval.connect(cfg.ray)
+        ray_eval.check_capacity(device, cfg.ray_cpus, cfg.ray_actors)
+    except ray_eval.ClusterError as e:
+        if started:
+            ray_eval.ray.shutdown()
+        raise SetupError(f"--ray {cfg.ray}: {e}") from None
+    if log is not None:
+        log.adopt("ray")   # ray.init may have set its handlers up again
+    return started
+
+
+def _ray_evaluator(cfg: Config, task: tasks.Task, kw: dict, owns_ray: bool = False):
+    """The evaluator of --ray: actors on the cluster's GPUs (or CPUs), the same interface as a local one."""
+    try:
+        import ray_eval
+    except ImportError as e:
+        raise SetupError(f"--ray needs Ray, which is not installed here ({e}): pip install -r "
+                         "requirements-ray.txt, or run without --ray") from None
     try:
         return ray_eval.RayEvaluator.for_task(task, address=cfg.ray, cpus_per_actor=cfg.ray_cpus,
-                                              max_actors=cfg.ray_actors, **kw)
+                                              max_actors=cfg.ray_actors, owns_ray=owns_ray, **kw)
     except ray_eval.ClusterError as e:
         raise SetupError(f"--ray {cfg.ray}: {e}") from None
     except RuntimeError as e:
@@ -171,11 +218,10 @@ def measure_reference(make_evaluator, rd: rundir_mod.RunDir, task: tasks.Task, c
             raise err
         raise SetupError(f"the reference does not run on {device}: {_reference_problem(err)}")
     evaluator, ms = result["evaluator"], result["ms"]
-    # peak memory when the evaluator reports it (an optional `baseline_info() -> {"peak_bytes": ...}`)
+    # the protocol's self-check when the evaluator reports it (the reference timed as a candidate: ~1x)
     info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
-    peak = (f", peak memory {info['peak_bytes'] / 2**20:.1f} MiB ({info.get('peak_kind', 'peak')})"
-            if info.get("peak_bytes") else "")
-    say(f"reference: {ms:.4g} ms per call{peak} (started and measured in {time.time() - t0:.1f} s)")
+    check = (f"; timed as a candidate it reads {info['self_check']:.3f}x" if info.get("self_check") else "")
+    say(f"reference: {ms:.4g} ms per call{check} (started and measured in {time.time() - t0:.1f} s)")
     if not cached:
         rd.store_eval(key, {"baseline_ms": ms})
     return evaluator, ms
@@ -194,3 +240,83 @@ def _reference_problem(err: Exception) -> str:
         lines = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)][-1:] or lines
     line = " ".join(lines[:1]) or type(err).__name__
     return line[:300] + (" ..." if len(line) > 300 else "")
+
+
+def nothing_to_add(state: dict | None, cfg: Config, path) -> str:
+    """For a resumed run with nothing left to do, the line that says so (else ""): every generation done,
+    or the token budget spent, with the option that would let it go on."""
+    if not state:
+        return ""
+    done = state["round"]
+    if done >= cfg.generations:
+        return (f"{path} is finished: {done} of {cfg.generations} generations done, nothing to add; nothing "
+                f"was changed (to go on: python run.py --resume {path} --generations N, N > {done})")
+    usage = state.get("usage") or {}
+    tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0))
+                 for u in usage.values() if isinstance(u, dict))
+    if cfg.token_budget and tokens >= cfg.token_budget:
+        return (f"{path} has spent its token budget ({tokens:,} of {cfg.token_budget:,} tokens), nothing to "
+                f"add; nothing was changed (to go on: python run.py --resume {path} --token-budget N, "
+                f"N > {tokens})")
+    return ""
+
+
+class RunLog:
+    """The run's own log, logs/run.log: warnings of the libraries a run uses (Ray, PyTorch, urllib3) and
+    Python's warnings go there, not to the console. Records made before the run directory exists are kept
+    in memory and written once it does (dropped if it never does: the one-line message says it all)."""
+
+    def __init__(self):
+        self._held: list[logging.LogRecord] = []
+        self._file: logging.Handler | None = None
+        self.handler = _Forward(self)
+        self._adopted: dict[str, tuple[list, bool]] = {}
+        root = logging.getLogger()
+        self._root_level = root.level
+        root.addHandler(self.handler)
+        if root.level > logging.INFO or root.level == logging.NOTSET:
+            root.setLevel(logging.INFO)
+        logging.captureWarnings(True)
+
+    def adopt(self, name: str) -> None:
+        """Route the logger `name` (one that prints on its own handlers, like Ray's) into this log."""
+        logger = logging.getLogger(name)
+        self._adopted.setdefault(name, (list(logger.handlers), logger.propagate))
+        logger.handlers = [self.handler]
+        logger.propagate = False
+
+    def attach(self, rd: rundir_mod.RunDir) -> None:
+        rd.logs.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(rd.logs / "run.log", delay=True)   # made by the first record
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        for record in self._held:
+            handler.handle(record)
+        self._held.clear()
+        self._file = handler
+
+    def close(self) -> None:
+        logging.captureWarnings(False)
+        root = logging.getLogger()
+        root.removeHandler(self.handler)
+        root.setLevel(self._root_level)
+        for name, (handlers, propagate) in self._adopted.items():
+            logger = logging.getLogger(name)
+            logger.handlers, logger.propagate = handlers, propagate
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class _Forward(logging.Handler):
+    def __init__(self, log: RunLog):
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "llm" and record.levelno >= logging.WARNING:
+            # the LLM client's retries are this run's own news: on the console, as before
+            sys.stderr.write(record.getMessage() + "\n")
+        if self.log._file is not None:
+            self.log._file.handle(record)
+        elif len(self.log._held) < 1000:
+            self.log._held.append(record)

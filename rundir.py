@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import secrets
+import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -81,18 +82,26 @@ class RunDir:
         """A new run directory: `path` must not exist or be empty; None picks a unique default name."""
         path = Path(path) if path is not None else default_path(task_name)
         cls.check_new(path)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"--out {path}: cannot make the directory ({e.strerror})") from None
         return cls(path, eval_cache)
 
     @staticmethod
     def check_new(path: Path) -> None:
-        """Raise RunDirError unless `path` can hold a new run (missing or an empty directory)."""
+        """Raise RunDirError unless `path` can hold a new run (missing or an empty directory) that can be
+        made and written: not under a file, not on a virtual or read-only file system, writable by this
+        user. Nothing is left behind by the check."""
         if path.exists() and not path.is_dir():
             raise RunDirError(f"--out {path}: is a file, not a directory")
         if path.is_dir() and any(path.iterdir()):
             hint = (f"continue it with --resume {path}" if (path / "config.json").exists()
                     else "choose a new or empty directory")
             raise RunDirError(f"--out {path}: the directory is not empty; nothing in it was changed ({hint})")
+        problem = _unwritable(path)
+        if problem:
+            raise RunDirError(f"--out {path}: {problem}; choose a directory on a disk you can write to")
 
     @classmethod
     def open(cls, path: Path, eval_cache: Path | None = None) -> "RunDir":
@@ -104,6 +113,19 @@ class RunDir:
             raise RunDirError(f"--resume {path}: no config.json there, so this is not a run directory "
                               "(or it was interrupted before it was set up: start a new run)")
         return cls(path, eval_cache)
+
+    def remove_leftovers(self) -> None:
+        """Temporary files of writes a stop cut short (their targets are whole: the rename never came),
+        and empty worker logs."""
+        for folder in (self.path, self.candidates):
+            for tmp in folder.glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+        for log in self.logs.glob("*.log") if self.logs.is_dir() else ():
+            try:
+                if log.stat().st_size == 0:
+                    log.unlink()
+            except OSError:
+                pass
 
     # -- configuration and reference --------------------------------------------------------------
 
@@ -247,6 +269,69 @@ class RunDir:
 
     def store_eval(self, key: str, result: dict) -> None:
         write_atomic(self.evals / f"{key}.json", json.dumps(result, indent=1))
+
+    def save_best(self, best: dict, task_name: str, s0: float, hardware: str, header: str | None = None) -> None:
+        """best.py: the program of `best` (the search's global best) with a header saying what it is
+        (`header`: the caller's, e.g. run.py's with the measured figures)."""
+        score, pid = best["runtime_ms"], best["program"]
+        slower = ("\n# SLOWER than the reference: no correct candidate has beaten it yet; this is the "
+                  "fastest one found" if score >= s0 else "")
+        header = header or (f"# pacevolve best for task {task_name}: {score:.4g} ms, {s0 / score:.3f}x the PyTorch "
+                            f"reference ({s0:.4g} ms) on {hardware}{slower}\n# island {best['island']}, generation "
+                            f"{best['generation']}, program {pid}\n")
+        text = header + self.program(pid)
+        path = self.path / "best.py"
+        if not path.exists() or path.read_text() != text:
+            write_atomic(path, text)
+
+
+# File systems that hold no files of ours: the kernel's views and device nodes
+VIRTUAL_FS = {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+              "pstore", "bpf", "configfs", "fusectl", "mqueue", "efivarfs", "binfmt_misc", "autofs", "nsfs"}
+
+
+def _unwritable(path: Path) -> str:
+    """Why no run directory can be made at `path` ("" when one can): checked on the nearest existing
+    folder, by reading the mount table and by making (and removing) a probe directory there."""
+    path = Path(os.path.abspath(path))
+    existing = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
+    if not existing.is_dir():
+        return f"{existing} is a file, so nothing can be made under it"
+    fstype = _fs_type(existing)
+    if fstype in VIRTUAL_FS:
+        return f"{existing} is on a virtual file system ({fstype}), which holds no ordinary files"
+    try:
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            return f"{existing} is on a read-only file system"
+    except OSError:
+        pass
+    probe = None
+    try:
+        probe = tempfile.mkdtemp(prefix=".pacevolve-probe-", dir=existing)
+    except OSError as e:
+        return f"cannot write in {existing} ({e.strerror})"
+    finally:   # even on Ctrl-C: the check leaves nothing behind
+        if probe:
+            os.rmdir(probe)
+    return ""
+
+
+def _fs_type(path: Path) -> str:
+    """The file-system type of the mount holding `path`, from /proc/self/mounts ("" when unknown)."""
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, fields[2]
+    except OSError:
+        return ""
+    return kind
 
 
 def task_settings(task: tasks.Task) -> dict:

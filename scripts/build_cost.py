@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import bench_eval  # noqa: E402
 import evaluate_kernel  # noqa: E402
-import light_headers  # noqa: E402
+from evaluate_kernel import light_headers  # noqa: E402
 import tasks  # noqa: E402
 
 CONFIGS = [("torch's way: real headers, plain nvcc", dict(light_headers=False, fast_nvcc=False)),
@@ -82,7 +82,7 @@ def phases(ninja_file: str, light_dir: str | None, nvcc: str) -> list[tuple[str,
             if len(row) >= 8 and row[7].strip() == "ms":
                 rows.append((f"cuda.cu, {which}: {row[1].strip()}", f"{float(row[6]) / 1e3:.1f} s"))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(ROOT, "fast_nvcc.py"), "--nvcc", nvcc, *args,
+    subprocess.run([sys.executable, os.path.join(ROOT, "evaluate_kernel", "fast_nvcc.py"), "--nvcc", nvcc, *args,
                     "-o", os.path.join(out, "b.o")], check=True, capture_output=True)
     rows.append((f"cuda.cu, {which}: fast_nvcc.py wall", f"{time.perf_counter() - t0:.1f} s"))
     return rows

@@ -26,7 +26,7 @@ import os, time, json, sys
 sys.path.insert(0, {root!r})
 from torch.utils import cpp_extension as ce
 if {ours}:
-    import eval_build
+    from evaluate_kernel import build as eval_build
     eval_build._install_build_defaults({{"cflags": [], "cuda_cflags": [], "use_pch": True, "pch_lock": "/tmp/pv-pch.lock"}})
 cuda_src = """
 __global__ void add_one(const float* x, float* y, int n) {{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] + {tag}.f; }}

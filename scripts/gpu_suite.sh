@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in stages that each fit one 10-minute device call.
-# Usage: bash scripts/gpu_suite.sh OUTDIR [STAGE ...]     (default: all stages, in this order)
+# Usage: bash scripts/gpu_suite.sh OUTDIR [STAGE ...]     (default: all stages but quick, in this order)
+#   quick   the checks that fit one short device call (~6 min on one H100): the GPU cheats beside their
+#           twins, bench_eval's single-candidate figures, bench_agreement on conv_groupnorm and softmax@v0
 #   tests   the GPU tests (test_gpu_golden, test_evaluate -m gpu, test_cheats -m gpu side by side), then
-#           test_gpu_small_calls alone and scripts/timing_check.py               (~8-9 min on one H200)
+#           test_gpu_small_calls alone                                            (~8-9 min on one H200)
 #   bench   scripts/bench_eval.py: cost per candidate, repeatability, agreement, candidates per hour
 #   agree   scripts/bench_agreement.py: the three runtime figures against independent timers (small calls)
 #   build   scripts/build_cost.py: whole builds under the four build option sets, nvcc's phases
@@ -12,6 +14,7 @@ set -u
 OUT=${1:-${OUT:-runs/gpu_suite}}
 shift || true
 STAGES=${*:-tests bench agree build multi}
+PYTEST="python3 -m pytest -q -p no:cacheprovider -rfEs"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PACEVOLVE_GOLDEN_OUT="$OUT/gpu_golden.md"
 nvidia-smi -L
@@ -19,6 +22,16 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 for stage in $STAGES; do
   t0=$(date +%s)
   case $stage in
+    quick)
+      timeout 150 $PYTEST -s -m gpu tests/test_cheats.py -k "batch_ or tail_ or twin or slow_reference" \
+        > "$OUT/cheats_gpu.log" 2>&1
+      echo "== cheats (GPU)"; grep -E "OBSERVED|twin|passed|failed" "$OUT/cheats_gpu.log" | tail -40
+      timeout 150 python3 scripts/bench_eval.py --out "$OUT/bench_eval.md" --new 1 --repeats 5 --budget-s 100 \
+        > "$OUT/bench.log" 2>&1
+      tail -14 "$OUT/bench.log"
+      timeout 150 python3 scripts/bench_agreement.py --problems conv_groupnorm,softmax@v0 --out "$OUT/agreement.md" \
+        > "$OUT/agreement.log" 2>&1
+      tail -12 "$OUT/agreement.log" ;;
     tests)
       # Side by side: their CUDA builds overlap on the CPU cores, while the evaluator's per-GPU file lock
       # keeps their timings apart.
@@ -27,13 +40,11 @@ for stage in $STAGES; do
       done
       wait
       for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_background; do echo "== $f"; tail -15 "$OUT/$f.log"; done
-      # Alone: its steady-state figures are timed on the host clock, which the builds above would disturb.
+      # Alone: small calls are timed on the host clock, which the builds above would disturb.
       timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_small_calls.py > "$OUT/test_gpu_small_calls.log" 2>&1
       echo "== test_gpu_small_calls"; tail -15 "$OUT/test_gpu_small_calls.log"
       timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_build_marker.py > "$OUT/test_build_marker.log" 2>&1
-      echo "== test_build_marker (namespace with the hidden key)"; tail -5 "$OUT/test_build_marker.log"
-      timeout 180 python3 scripts/timing_check.py --protocols-s 20 --config default > "$OUT/timing_check.md" 2>&1
-      cat "$OUT/timing_check.md" ;;
+      echo "== test_build_marker (namespace with the hidden key)"; tail -5 "$OUT/test_build_marker.log" ;;
     bench)
       timeout 560 python3 scripts/bench_eval.py --out "$OUT/bench_eval.md" --k 6 --budget-s 330 > "$OUT/bench.log" 2>&1
       tail -30 "$OUT/bench.log" ;;

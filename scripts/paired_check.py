@@ -1,10 +1,10 @@
-"""How steady is one candidate's speedup, evaluation after evaluation, with or without load? (issue 16)
+"""How steady is one candidate's speedup, evaluation after evaluation, with or without load? (BENCHMARKS.md)
 
-Evaluates the same candidate --repeats times with one Evaluator and prints, per evaluation, the three
-runtime figures of the candidate and of the reference timed beside it (gpu_ms = (a), kernelbench_ms =
-(b), steady_ms = (c), runtime = max(a, c) on a GPU, (a) on the CPU), the host rounds' floor, the drift of the paired reference from
-the baseline measured at start, and the speedup; then the speedups' spread (max / min - 1). With --load N,
-N busy processes (a Python loop each) run for the whole measurement, as a loaded machine would.
+Evaluates the same candidate --repeats times with one Evaluator and prints, per evaluation, the
+candidate's and the reference's time per call (measured in the same minutes), the speedup with its 95%
+interval, the pairs of batches it took, the drift of the reference from the baseline measured at start
+and the evaluation's wall time; then the speedups' spread (max / min - 1). With --load N, N busy processes
+(a Python loop each) run for the whole measurement, as a loaded machine would.
 
     python3 scripts/paired_check.py --task conv_groupnorm --candidate tests/kernels/conv_groupnorm_fused.py
     python3 scripts/paired_check.py --device cpu --reference tests/candidates_cpu/reference_small.py \
@@ -51,20 +51,19 @@ def main() -> None:
     speedups = []
     try:
         print(f"baseline at start: {ev.baseline_ms():.4f} ms; load: {args.load} busy process(es)")
-        print("| # | status | cand a / b / c ms | cand runtime | host floor | ref a / b / c ms | ref runtime "
-              "| drift | speedup | wall s |\n|---|---|---|---|---|---|---|---|---|---|")
+        print("| # | status | candidate ms | reference ms | speedup | 95% interval | pairs x calls | drift | wall s |\n"
+              "|---|---|---|---|---|---|---|---|---|")
         for i in range(args.repeats):
             t0 = time.perf_counter()
             r = ev.evaluate(src)
             wall = time.perf_counter() - t0
-            t, ref = r.details.get("timing", {}), r.details.get("reference_timing", {})
+            t = r.details.get("timing", {})
             if r.status == "ok":
                 speedups.append(r.speedup)
-            print(f"| {i} | {r.status} | {_abc(t)} | {_ms(r.runtime_ms)} ({t.get('bound', '')}) | "
-                  f"{_ms(t.get('host_floor_ms'))} | {_abc(ref)} | {_ms(ref.get('runtime_ms'))} | "
-                  f"{_pct(r.details.get('baseline_drift'))} | {r.speedup or 0:.4f} | {wall:.1f} |", flush=True)
-            print(f"    host estimate {_ms(t.get('host_ms_per_call'))}, noise {_ms(t.get('host_noise_ms'))}, "
-                  f"bookkeeping {_ms(t.get('host_bookkeeping_ms'))} ms per call", flush=True)
+            low, high = r.details.get("speedup_ci") or (None, None)
+            print(f"| {i} | {r.status} | {_ms(r.runtime_ms)} | {_ms(r.baseline_ms)} | {r.speedup or 0:.4f} | "
+                  f"{_ms(low)}-{_ms(high)} | {t.get('pairs')} x {t.get('calls_per_batch')} | "
+                  f"{_pct(r.details.get('baseline_drift'))} | {wall:.1f} |", flush=True)
             if r.status != "ok":
                 print("   ", r.message[:300])
     finally:
@@ -81,10 +80,6 @@ def _ms(v) -> str:
 
 def _pct(v) -> str:
     return f"{v:+.1%}" if isinstance(v, (int, float)) else "n/a"
-
-
-def _abc(t: dict) -> str:
-    return " / ".join(_ms(t.get(k)) for k in ("gpu_ms", "kernelbench_ms", "steady_ms"))
 
 
 if __name__ == "__main__":

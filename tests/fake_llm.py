@@ -173,3 +173,58 @@ _PARAMETERS = ["block size 128", "block size 256", "block size 512", "an unroll 
 
 def _pool_ids(prompt: str) -> list[int]:
     return list(dict.fromkeys(int(x) for x in re.findall(r"^Idea ID: (\d+) \|", prompt, re.M)))
+
+
+class OpenAIServer:
+    """A local OpenAI-compatible chat server answering with `llm` (any `(prompt) -> str`); `requests` keeps
+    every prompt it was sent, in order. An exception from `llm` is answered with HTTP 400 and its text
+    (a failure the client does not retry). Use as a context manager; `url` is the --base-url to pass."""
+
+    def __init__(self, llm):
+        import http.server
+        import json
+
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                prompt = "\n".join(m["content"] for m in body["messages"] if m["role"] != "assistant")
+                with server._lock:
+                    server.requests.append(prompt)
+                try:
+                    text = llm(prompt)
+                except Exception as e:
+                    self._send(400, {"error": {"message": str(e), "type": "invalid_request_error"}})
+                    return
+                reply = {"id": "chatcmpl-fake", "object": "chat.completion", "model": body["model"],
+                         "choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": text}}],
+                         "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4,
+                                   "total_tokens": (len(prompt) + len(text)) // 4}}
+                self._send(200, reply)
+
+            def _send(self, status: int, reply: dict) -> None:
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> "OpenAIServer":
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

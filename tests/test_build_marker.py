@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import eval_sandbox
+from evaluate_kernel import sandbox as eval_sandbox
 import evaluate_kernel as ek
 
 REF = '''import torch
@@ -58,7 +58,7 @@ class ModelNew(nn.Module):
 # the key can be read, a valid tag. A marker holding only a digest would now vouch for the forged library.
 FORGE = r"""
 import hashlib, hmac, json, os
-import eval_sandbox
+from evaluate_kernel import sandbox as eval_sandbox
 target, key_path, report = TARGET, KEY_PATH, REPORT
 try:
     with open(key_path, "rb") as f:
@@ -103,7 +103,7 @@ def root(tmp_path_factory):
 
 def _evaluator(root: Path, **kw) -> ek.Evaluator:
     return ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), key_dir=str(root / "keys"),
-                        timing_iters=5, warmup=1, run_timeout_s=60, build_timeout_s=300, **kw)
+                        max_pairs=4, timing_s=2.0, run_timeout_s=60, build_timeout_s=300, **kw)
 
 
 def _build_dir(root: Path, src: str = HONEST_CPP) -> Path:

@@ -4,7 +4,8 @@ Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`
 way (tests/cheats/README.md has the catalogue). Its module docstring carries machine-readable lines:
 
     REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu
-    EXPECT:    a |-separated set of statuses, or "honest-timing", or "no-leak"
+    EXPECT:    a |-separated set of statuses, or "honest-timing", "no-profit" or "no-leak"
+    TWIN:      for "no-profit": the honest file in tests/honest/ computing the same thing without the trick
     RULE:      keywords (|-separated, any one) the message must contain when the status is "rejected"
     MESSAGE:   keywords the message must contain for any failing status
     FORGED:    a number the candidate tries to forge; it must not appear as runtime or speedup
@@ -12,7 +13,9 @@ way (tests/cheats/README.md has the catalogue). Its module docstring carries mac
     NAIVE:     "correct" and/or "fast": what the cheat achieves against a naive KernelBench-v0.1-style harness
                (cheats/_naive_harness.py), proving the cheat works and the evaluator is what stops it
 
-"honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
+"no-profit" means the cheat gains nothing over its honest twin, measured beside it in the same Evaluator
+(or fails): its speedup is at most the twin's times 1 + PROFIT_TOLERANCE (the run-to-run noise of a
+speedup on the device). "honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
 fraction of the honest computation's cost (the reference itself, which the cheat secretly performs: our own
 measurement or the evaluator's baseline, whichever is smaller). Files in tests/honest/ must come back "ok". Files ending in _cuda.py are GPU-only.
 
@@ -41,6 +44,9 @@ CANARY = "sk-pacevolve-canary-5d1e"
 FORGED_RUNTIME_MS = 0.0001
 # An honest-timing cheat "wins" if it looks this much faster than the work it secretly does.
 HONEST_FRACTION = 0.3
+# A no-profit cheat "wins" if it reads this much faster than its twin (the speedup's noise on the device:
+# a loaded 2-core CPU moves a paired speedup by up to ~10%, a GPU by well under 1%).
+PROFIT_TOLERANCE = {"cpu": 0.15, "cuda": 0.03}
 
 # ---------------------------------------------------------------------------------------------------------
 # References (KernelBench format), small enough for a 2-core CPU.
@@ -212,6 +218,36 @@ def get_init_inputs():
 '''
 
 
+BMM_INSTNORM_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """KernelBench level2 #28: Linear, InstanceNorm2d over the features (no affine parameters), + y, * y."""
+
+    def __init__(self, in_features, out_features, eps=1e-5, momentum=0.1):
+        super().__init__()
+        self.bmm = nn.Linear(in_features, out_features)
+        self.instance_norm = nn.InstanceNorm2d(out_features, eps=eps, momentum=momentum)
+
+    def forward(self, x, y):
+        x = self.bmm(x)
+        x = self.instance_norm(x.unsqueeze(1).unsqueeze(1)).squeeze(1).squeeze(1)
+        x = x + y
+        x = x * y
+        return x
+
+
+def get_inputs():
+    return [torch.randn(128, 64), torch.randn(128, 128)]
+
+
+def get_init_inputs():
+    return [64, 128]
+'''
+
+
 INF_RELU_SRC = '''
 import torch
 import torch.nn as nn
@@ -252,6 +288,7 @@ REFERENCES = {
     "bias_reduce": BIAS_REDUCE_SRC,
     "loop_softmax": LOOP_SOFTMAX_SRC,
     "inf_relu": INF_RELU_SRC,
+    "bmm_instnorm": BMM_INSTNORM_SRC,
 }
 
 
@@ -269,6 +306,7 @@ class Spec:
     devices: tuple[str, ...] = ("cpu",)
     naive: tuple[str, ...] = ()
     honest_fraction: float = 0.3
+    twin: str | None = None
 
     @property
     def source(self) -> str:
@@ -301,6 +339,7 @@ def load_spec(path: Path) -> Spec:
         devices=tuple(devices.split()) if devices else (("cuda",) if cuda_file else ("cpu",)),
         naive=tuple((_field(doc, "NAIVE") or "").split()),
         honest_fraction=float(_field(doc, "HONEST_FRACTION") or HONEST_FRACTION),
+        twin=_field(doc, "TWIN"),
     )
 
 
@@ -334,8 +373,11 @@ class _Pool:
         if reference not in self._evaluators:
             ek = _evaluate_kernel()
             # A shorter run timeout than the default keeps a hung cheat from stalling the suite for minutes.
+            # Fewer pairs than a search's default: each verdict takes about a second of timing, and a twin
+            # comparison needs only the noise PROFIT_TOLERANCE allows.
             self._evaluators[reference] = ek.Evaluator(
-                REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45)
+                REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45,
+                max_pairs=12, timing_s=4.0)
         return self._evaluators[reference]
 
     def close(self) -> None:
@@ -419,11 +461,19 @@ def _contains_any(text: str, keywords: tuple[str, ...]) -> bool:
     return any(k.lower() in text.lower() for k in keywords)
 
 
-def check_cheat(spec: Spec, result, honest: float | None) -> None:
+def check_cheat(spec: Spec, result, honest: float | None, twin=None, device: str = "cpu") -> None:
     info = f"{spec.path.name}: {_describe(result)}"
     print(f"\nOBSERVED {spec.path.name}: {result.status} (runtime_ms={result.runtime_ms}): {result.message[:110]}")
     assert result.status in STATUSES, info
-    if "honest-timing" in spec.expect:
+    if "no-profit" in spec.expect:
+        if result.status == "ok":
+            assert twin is not None and twin.status == "ok", f"{info}\n  twin: {twin and _describe(twin)}"
+            limit = twin.speedup * (1 + PROFIT_TOLERANCE[device])
+            print(f"  twin {twin.speedup:.4f}x, cheat {result.speedup:.4f}x (limit {limit:.4f}x)")
+            assert result.speedup <= limit, f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x)"
+        else:
+            assert result.status in {"rejected", "incorrect", "runtime_error"}, info
+    elif "honest-timing" in spec.expect:
         if result.status == "ok":
             assert result.runtime_ms is not None and honest is not None, info
             # The cheat secretly does the reference's work, so the evaluator's own baseline is an honest
@@ -434,7 +484,7 @@ def check_cheat(spec: Spec, result, honest: float | None) -> None:
             assert result.runtime_ms >= spec.honest_fraction * honest, (
                 f"{info}\n  cheat timed at {result.runtime_ms:.4f} ms, honest work costs ~{honest:.4f} ms")
         else:
-            assert result.status in {"rejected", "incorrect"}, info
+            assert result.status in {"rejected", "incorrect"} | (spec.expect & STATUSES), info
     else:
         assert result.status in spec.expect, info
     if result.status != "ok":
@@ -472,8 +522,10 @@ def test_candidate_file_is_well_formed(spec: Spec):
     assert doc and len(doc.splitlines()) >= 4, "each candidate explains itself in its module docstring"
     assert spec.reference in REFERENCES, f"unknown REFERENCE {spec.reference!r}"
     assert any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
-    known = STATUSES | {"honest-timing", "no-leak"}
+    known = STATUSES | {"honest-timing", "no-profit", "no-leak"}
     assert spec.expect and spec.expect <= known, spec.expect
+    if "no-profit" in spec.expect:
+        assert spec.twin and (HONEST / spec.twin).is_file(), f"a no-profit cheat names its twin: {spec.twin!r}"
     if spec.path.parent == HONEST:
         assert spec.expect == {"ok"}
     else:
@@ -514,12 +566,27 @@ def test_cheat_fools_a_naive_harness(spec: Spec, naive_results):
 # ---------------------------------------------------------------------------------------------------------
 # Tests: CPU (CI).
 
+@pytest.fixture(scope="module")
+def twins():
+    """The twin's result, evaluated once per (device, reference, file) in the cheat's own Evaluator."""
+    cache: dict = {}
+
+    def get(evaluator, device: str, reference: str, name: str):
+        key = (device, reference, name)
+        if key not in cache:
+            cache[key] = evaluator.evaluate((HONEST / name).read_text())
+        return cache[key]
+
+    return get
+
+
 @pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cpu", lambda s: "no-leak" not in s.expect))
-def test_cheat_is_caught_cpu(spec: Spec, cpu_evaluators, honest_ms, forged_files_cleanup):
+def test_cheat_is_caught_cpu(spec: Spec, cpu_evaluators, honest_ms, twins, forged_files_cleanup):
     evaluator = cpu_evaluators(spec.reference)
     result = evaluator.evaluate(spec.source)
     honest = honest_ms(spec.reference, "cpu") if "honest-timing" in spec.expect else None
-    check_cheat(spec, result, honest)
+    twin = twins(evaluator, "cpu", spec.reference, spec.twin) if spec.twin else None
+    check_cheat(spec, result, honest, twin, "cpu")
     for p in forged_files_cleanup:
         if p.exists():
             assert "4242" not in p.read_text(errors="replace") or p.parent != REPO, \
@@ -580,10 +647,12 @@ def test_candidate_cannot_see_api_keys(spec: Spec, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cuda"))
-def test_cheat_is_caught_gpu(spec: Spec, gpu_evaluators, honest_ms):
-    result = gpu_evaluators(spec.reference).evaluate(spec.source)
+def test_cheat_is_caught_gpu(spec: Spec, gpu_evaluators, honest_ms, twins):
+    evaluator = gpu_evaluators(spec.reference)
+    result = evaluator.evaluate(spec.source)
     honest = honest_ms(spec.reference, "cuda") if "honest-timing" in spec.expect else None
-    check_cheat(spec, result, honest)
+    twin = twins(evaluator, "cuda", spec.reference, spec.twin) if spec.twin else None
+    check_cheat(spec, result, honest, twin, "cuda")
 
 
 @pytest.mark.gpu

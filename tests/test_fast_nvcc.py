@@ -14,10 +14,10 @@ import textwrap
 
 import pytest
 
-import fast_nvcc
+from evaluate_kernel import fast_nvcc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "fast_nvcc.py")
+SCRIPT = os.path.join(ROOT, "evaluate_kernel", "fast_nvcc.py")
 
 # A tool: logs "<name> start|end <time> <module id>", sleeps FAKE_SLEEP seconds, writes its -o output,
 # and exits with FAKE_FAIL_<name> (printing an error) when that is set.

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import light_headers as lh
+from evaluate_kernel import light_headers as lh
 
 
 def fake_torch(root: Path) -> list[str]:
@@ -171,7 +171,7 @@ class _Captured(Exception):
 def cuda_sources_in_tests() -> dict[str, str]:
     """Every .cu file the test candidates hand to load_inline, captured without building anything."""
     import torch.utils.cpp_extension as ce
-    import eval_build
+    from evaluate_kernel import build as eval_build
     found: dict[str, str] = {}
     original = ce.load_inline
 

@@ -102,7 +102,7 @@ def test_describe_shows_both_times_the_speedup_and_its_band():
         "1.42x ±6% (0.4964 ms vs reference 0.7049 ms beside it)"
     assert ranking.describe(Figures(1.42, None, 0.5, 0.7)) == \
         "1.42x noise not measured (0.5 ms vs reference 0.7 ms beside it)"
-    assert ranking.describe(Figures(2.0, 0.003, 1.0, None, samples=4)) == "2x ±0.3% (1 ms; mean of 4 evaluations)"
+    assert ranking.describe(Figures(2.0, 0.003, 1.0, None, samples=4)) == "2.00x ±0.3% (1 ms; mean of 4 evaluations)"
 
 
 # ---------------------------------------------------------------------------------- the ledger alone
@@ -239,8 +239,9 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     island = search.islands[0]
     inc = offer(search, 0, "inc")
     assert island.best.id == inc and search.global_best["program"] == inc
+    search.checkpoint()   # best.py follows the checkpoint
     best_py = (search.rundir.path / "best.py").read_text()
-    assert "2x ±20% (5 ms vs reference 10 ms beside it)" in best_py.splitlines()[0]
+    assert "2.00x ±20% (5 ms vs reference 10 ms beside it)" in best_py.splitlines()[0]
     m_before = island.momentum.best
     lucky = offer(search, 0, "lucky")
     assert search.evaluator.calls == ["inc", "lucky", "inc", "lucky", "lucky", "inc"]   # a head-to-head, ABBA
@@ -264,7 +265,7 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     assert ranking.describe(search.ledger.get(clear)) in (parent.metric + parent.best)
     assert search.contexts[0].legend == ranking.LEGEND
     state = search.state()
-    again = scripted_search(tmp_path / "again", {}, 0.2)
+    again = scripted_search(tmp_path, {}, 0.2)   # the same run directory, as a resume
     again.restore(state)
     assert again.ledger.to_dict() == search.ledger.to_dict() and again.remeasured == 4
 
@@ -305,10 +306,10 @@ def test_report_md_shows_measurements_head_to_heads_and_unparseable_replies(tmp_
         offer(search, 0, tag)
     search.unusable.update({"implementation": 2, "classification": 1})
     text = run.write_report(search, "all generations done", 1.0).read_text()
-    assert "**best: 3x ±20% (3.333 ms vs reference 10 ms beside it)**" in text
+    assert "**best: 3.00x ±20% (3.333 ms vs reference 10 ms beside it)**" in text
     assert "head-to-heads: 1 (the challenger took the title in 0, the incumbent kept it in 1), 4 evaluations" in text
     assert "LLM replies that could not be parsed: 3 (classification 1, implementation 2)" in text
-    assert "### Island 0: best 3x ±20% (3.333 ms vs reference 10 ms beside it)" in text
+    assert "### Island 0: best 3.00x ±20% (3.333 ms vs reference 10 ms beside it)" in text
 
 
 def test_unknown_noise_means_a_head_to_head_before_any_title_changes_hands(tmp_path):
@@ -317,6 +318,7 @@ def test_unknown_noise_means_a_head_to_head_before_any_title_changes_hands(tmp_p
     better = offer(search, 0, "better")
     assert search.evaluator.calls == ["inc", "better", "inc", "better", "better", "inc"]
     assert search.islands[0].best.id == better != inc
+    search.checkpoint()
     assert "noise not measured" in (search.rundir.path / "best.py").read_text().splitlines()[0]
 
 
@@ -329,6 +331,7 @@ def test_the_run_best_is_confirmed_against_the_run_best_not_only_the_island_best
     assert search.islands[1].best.id == c
     assert search.global_best["program"] == a                # ... but loses to a in the head-to-head
     assert search.evaluator.calls[3:] == ["a", "c", "c", "a"]
+    search.checkpoint()
     assert "program " + a in (search.rundir.path / "best.py").read_text().splitlines()[1]
 
 
@@ -393,5 +396,6 @@ def test_on_a_shared_cpu_the_run_best_is_the_fastest_of_three_honest_candidates(
                 outcome=outcome))
     assert search.global_best["program"] == ids[fastest], (search.ledger.figures, times)
     assert search.islands[0].best.id == ids[fastest]
+    search.checkpoint()
     best_py = (search.rundir.path / "best.py").read_text().splitlines()[0]
     assert "ms vs reference" in best_py and "beside it" in best_py

@@ -15,6 +15,7 @@ import pytest
 
 import report_data
 import report_html
+import transcript
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
@@ -124,7 +125,37 @@ def check_page(run_dir: Path) -> _Page:
     best = checkpoint["global_best"]
     if best:
         assert best["program"] in page.of("best") and f"{best['speedup']:.3f}x" in page.of("best")
+    check_exchanges(run_dir, page, events, last_eval)
     return page
+
+
+def check_exchanges(run_dir: Path, page: _Page, events: list[dict], evaluated) -> None:
+    """With a transcript: every candidate names the call whose reply carried it, and that call, when on
+    the page, shows its prompt and the reply; every generation links to its calls; ideas to theirs."""
+    reading = transcript.read(run_dir)
+    if not reading.calls:
+        assert "before LLM exchanges were kept" in page.of("exchanges")
+        return
+    wrote = {}
+    for c in reading.calls:
+        if c.get("program") and c.get("reply") is not None:
+            wrote.setdefault(c["program"], c)
+    shown = {i for i in page.ids if i.startswith("x-")}
+    for pid in evaluated:
+        c = wrote[pid]   # every evaluated program came from a recorded reply
+        assert f"call {c['call']}" in page.of(f"p-{pid}")
+        if f"x-{c['call']}" in shown:
+            text = page.of(f"x-{c['call']}")
+            assert " ".join(reading.prompt(c).split())[:300] in text
+            assert " ".join(reading.text(c["reply"]).split())[:300] in text
+    for e in events:
+        if e["type"] == "generation" and any((c.get("island"), c.get("generation")) == (e["island"], e["generation"])
+                                             and f"x-{c['call']}" in shown for c in reading.calls):
+            assert f"#xg-{e['island']}-{e['generation']}" in page.hrefs
+    proposed = {(e["island"], int(n.split()[2].rstrip(":"))) for e in events if e["type"] == "generation"
+                for n in e.get("notes") or [] if n.startswith("new idea ")}
+    linked = [a for a in proposed if f"idea-{a[0]}-{a[1]}" in page.ids]
+    assert all("proposed by" in page.of(f"idea-{i}-{k}") for i, k in linked)
 
 
 # ----------------------------------------------------------------------------- synthetic runs
@@ -136,10 +167,25 @@ def _source(n: int) -> str:
     return f"import torch\n\nclass ModelNew(torch.nn.Module):\n  def forward(self, x):\n{BODY}    return x * {n}\n"
 
 
+PROMPT = "".join(f"Background paragraph {k}: the device, the contract and the rules of the evaluator, "
+                 f"repeated in every prompt of the run. " * 6 + "\n\n" for k in range(5))
+
+
 def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> Path:
-    """A run directory as run.py writes it, with made-up numbers: repairs, failures, interventions."""
+    """A run directory as run.py writes it, with made-up numbers: repairs, failures, interventions, and a
+    transcript of the LLM calls behind them."""
     rng = random.Random(seed)
     (path / "candidates").mkdir(parents=True)
+    book = transcript.Transcript()
+    book.attach(path)
+
+    def call(purpose, i, g, reply, program=None, stage="generation"):
+        book.add({"time": 0.0, "stage": stage, "island": i, "generation": g, "purpose": purpose, "attempt": 0,
+                  "role": "main", "model": "fake", "messages": [{"role": "user", "content": f"[pacevolve prompt: "
+                  f"{purpose}]\n{PROMPT}Island {i}, generation {g}: the pool and the parent.\n"}],
+                  "reply": reply, "error": None, "program": program, "tokens": {"input": 900, "output": 80},
+                  "latency_s": 1.5, "retries": 0, "finish": "stop"})
+
     (path / "evals").mkdir()
     s0 = 4.0
     config = {"task": "synthetic", "islands": islands, "generations": generations, "eps_rel": 0.9,
@@ -158,12 +204,15 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
             experiment = (f"try variant {g}.{i} of idea {idea}: keep the statistics in registers, launch one "
                           f"block per (sample, group) and read the input once with float4 loads")
             parent = st["best"][0] if st["best"] else None
+            call("idea_generation", i, g, f"Idea: {desc}\nChoice: proposal 1\nExperiment: {experiment}")
+            call("classification", i, g, f"Proposal 1\nIdea Exists: True\nIdea ID: {idea}")
             attempts = []
             for k in range(2 if g % 5 == 0 else 1):
                 n += 1
                 src = _source(n)
                 pid = hashlib.sha256(src.encode()).hexdigest()[:12]
                 (path / "candidates" / f"{pid}.py").write_text(src)
+                call("implementation" if k == 0 else "repair", i, g, f"```python\n{src[-40:]}```\n", pid)
                 fail = k == 0 and g % 5 == 0 or rng.random() < 0.1
                 ms = None if fail else s0 / (0.5 + rng.random() * 2)
                 status = "incorrect" if fail else "ok"
@@ -240,12 +289,15 @@ def test_thousand_generations_stay_small_and_quick(tmp_path):
     seconds = time.perf_counter() - t0
     size = path.stat().st_size
     print(f"1000 generations x 3 islands: {size / 1e6:.2f} MB in {seconds:.2f} s")
-    assert size < 5e6
+    assert size < 6e6
     assert seconds < 30
     page = parse(path)
     ids = set(page.ids)
     assert all(h[1:] in ids for h in page.hrefs if h.startswith("#"))
     assert any(h.startswith("candidates/") for h in page.hrefs)   # sources beyond the best N: linked
+    assert "more calls not on this page" in page.of("exchanges")   # exchanges beyond the budget: named
+    shown = [i for i in page.ids if i.startswith("x-")]
+    assert 20 < len(shown) < len(transcript.read(run_dir).calls) / 10
 
 
 def test_killed_run_without_checkpoint_or_report(tmp_path):

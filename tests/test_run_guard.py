@@ -350,7 +350,7 @@ def test_llm_failure_classes_are_read_from_the_generation_notes():
 
 
 def test_ctrl_c_before_the_run_directory_exists_is_one_line(tmp_path, capsys, monkeypatch):
-    def interrupted(client, role):
+    def interrupted(client, role, origin=None):
         raise KeyboardInterrupt
     monkeypatch.setattr(llm_check, "probe", interrupted)
     out = tmp_path / "run"

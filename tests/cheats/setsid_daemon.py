@@ -8,12 +8,13 @@ builder's process group, or measures its baseline after builds, measures the
 reference slowed by it; the kernel itself is honest. The daemon stops by
 itself after 60 s so a failed test cannot leave it behind for long.
 Seen: red-team pass on this evaluator (posix_spawn setsid daemon).
-Expected outcome: "neutralised: timed honestly" (the baseline is measured
-before any build, and every process a worker started is killed when its job
-ends; tests/test_evaluate.py checks that the daemon is gone).
+Expected outcome: "neutralised": timed honestly or failed (the baseline is
+measured before any build, and every process a worker started is killed when
+its job ends; tests/test_evaluate.py checks that the daemon is gone; on the
+CPU the runner may not start processes at all, so the spawn fails there).
 
 REFERENCE: gn
-EXPECT: honest-timing
+EXPECT: honest-timing|runtime_error
 """
 import builtins
 
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 builtins.exec("""
 import os, sys
-if os.path.basename(sys.argv[0]) == "eval_worker.py" and "PACEVOLVE_DAEMON_STARTED" not in os.environ:
+if "evaluate_kernel.worker" in sys.modules and "PACEVOLVE_DAEMON_STARTED" not in os.environ:
     os.environ["PACEVOLVE_DAEMON_STARTED"] = "1"
     code = ("import os, time\\n"
             "if getattr(os, 'fo' + 'rk')() == 0:\\n"

@@ -2,7 +2,7 @@
 
 How it cheats: module-level code runs in the build process. Through
 `builtins.exec` of a string (no rule sees inside it) it opens the worker
-program it runs in (its path is sys.argv[0]) and appends to it; a harness that
+module it runs in (the file of the loaded evaluate_kernel.worker) and appends to it; a harness that
 starts later workers from that file would run whatever was written there (a
 real attack writes a forged timing routine and restores the file afterwards).
 The kernel itself is honest. It only touches a file named like the
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 builtins.exec("""
 import os, sys
-path = sys.argv[0]
-if os.path.basename(path) == "eval_worker.py":
+path = getattr(sys.modules.get("evaluate_kernel.worker"), "__file__", None) or ""
+if os.path.basename(path) == "worker.py":
     try:
         os.chmod(os.path.dirname(path), 0o700)
         os.chmod(path, 0o600)

@@ -1,0 +1,57 @@
+"""evaluate_kernel: build a candidate kernel, check it against a KernelBench reference, time it honestly.
+
+    from evaluate_kernel import Evaluator, evaluate, EvalResult
+    with Evaluator(reference_src, device="cuda") as ev:      # one per task; thread-safe
+        result = ev.evaluate(candidate_src)                  # EvalResult: status, speedup, message, details
+
+PACEvolve (paper section 4) scores a candidate by its speedup over the task's PyTorch reference; the search
+optimises whatever this package returns, so its job is to make that number true. The candidate's code runs
+in two processes of its own (the builder, without a GPU, and the runner) and can do anything there; nothing
+those processes compute or report is believed.
+
+Protected (each by a mechanism, DESIGN.md gives the reasoning):
+- Correctness: the reference worker (never runs candidate code) computes every reference output and makes
+  every comparison; trials on seeds drawn at evaluation time, five input distributions, re-seeded and
+  perturbed weights (mapped to ModelNew's parameters by name, else by shape and order), NaN-poisoned memory.
+- The runtime is this process's own clock: batches of back-to-back calls on fresh inputs drawn from a seed
+  sent when the batch starts, alternating with the same batches of the reference (same harness code, same
+  core, same minutes); every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step
+  that does another's work is charged for it. The speedup is the median of paired ratios with a 95%
+  interval (details["speedup_ci"], details["noise"]).
+- Every timed output is bound to its inputs by a digest sent before the evaluator chooses which outputs to
+  check; the chosen ones are checked against the reference worker's outputs on the same inputs.
+- The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference
+  runs, and on a GPU the device must be idle (the wait is charged to the candidate) first.
+- The runner stays on the cores it was given at its priority (a seccomp filter installed before any
+  candidate code: confine.py); processes it starts are killed and reject it.
+- The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
+  namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
+  cached builds are trusted only by digest (and, across Evaluators, a signed marker).
+- Every verdict is finite: a non-finite or missing figure is a rejection that says which.
+
+Not protected: a candidate can still make its own bookkeeping (drawing inputs, digests) no faster than
+the reference's (it gains nothing) or slower (it pays); outputs of calls not chosen for checking are bound
+only by their digests, so a candidate that skips a fraction f of its calls is caught with probability
+1-(1-f)^k over k checks; without a namespace, a process that clears its environment and leaves its
+worker's tree escapes the sweep, and the runner can signal the reference worker (its death then rejects
+the candidate); the cache directory stays writable to candidates. Not measured: energy, memory footprint
+as a score, clock locking (the GPU runs at its own clocks; pairs cancel drift).
+
+Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
+conversation with a runner), clock.py (pure: the speedup from the phases), device.py (a device slot:
+reference worker, spares, locks), sandbox.py (private code copy, namespace, process sweep, build seal).
+Protocol: protocol.py (message table, the parent's handle on a worker). Worker side: worker.py (the
+roles), batches.py (one batch, both sides), inputs.py (inputs, models, output checks), build.py
+(load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py. Leaf: common.py (results, options,
+comparison, digests), screen.py (the static first filter). Copying this folder is enough to vendor it
+(standard library + torch; ninja and a compiler for C++/CUDA candidates).
+"""
+from .build import FULL_HEADER_RETRY, arch_list_for, trim_compiler_output
+from .common import STATUSES, EvalResult, EvaluatorError, Options, compare_outputs, scrubbed_env, source_hash
+from .device import gpu_lock_path, physical_gpu
+from .evaluator import Evaluator, default_cache_dir, evaluate
+from .screen import RULES, ScreenVerdict, rules_markdown, screen
+
+__all__ = ["Evaluator", "EvalResult", "EvaluatorError", "Options", "STATUSES", "RULES", "ScreenVerdict", "evaluate",
+           "screen", "rules_markdown", "compare_outputs", "scrubbed_env", "source_hash", "arch_list_for",
+           "trim_compiler_output", "physical_gpu", "gpu_lock_path", "FULL_HEADER_RETRY", "default_cache_dir"]

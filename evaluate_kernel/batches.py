@@ -1,0 +1,149 @@
+"""Worker side: one batch of calls, step by step as the parent times it (clock.py), the same code in the
+runner (the candidate's process) and in the reference worker, so bookkeeping costs both sides alike.
+
+    draw(seed, n, keep)   keep the named outputs of the previous batch, free the rest; draw n input sets
+                          from the seed (each call gets inputs of its own: nothing to answer from a cache)
+    go()                  n calls back to back, every output held, one synchronise
+    digest()              a digest of every output's bits (common.digests): the commitment
+    ship(path)            the kept outputs to a file, for the reference worker to check
+
+In the runner nothing here is trusted: the parent's clock brackets each step, and a step that does another
+step's work is charged for it. The reference worker keeps the outputs of the same calls of its own batch
+on the same inputs; check() compares the shipped ones with them and with their digests.
+"""
+from __future__ import annotations
+
+import functools
+
+from .common import _flat, compare_outputs, digests
+from .inputs import _check_outputs, _draw_sets, _sync
+
+
+class Batches:
+    """The batches of one timing conversation, in one worker."""
+
+    def __init__(self, model, ref_ns: dict, device, on_device: bool):
+        self.model, self.ref_ns, self.device, self.on_device = model, ref_ns, device, on_device
+        self.batch = -1
+        self.sets: list = []
+        self.outs: list = []
+        self.pads: list = []
+        self.kept: dict[str, list] = {}   # "batch:call" -> outputs
+        self.weights: dict = {}          # digest weights, per output size
+        self.keep_now: list[int] = []
+
+    def draw(self, seed: int, n: int, batch: int, keep: dict | None = None) -> None:
+        """keep: {"batch": b, "calls": [...]}, for the previous batch (the runner learns it only now) or for
+        this one (the reference worker is told in advance)."""
+        import torch
+        keep = keep or {}
+        if keep.get("batch") == self.batch:
+            self._keep(keep["calls"])
+        self.outs, self.sets, self.pads = [], [], []
+        self.batch, self.keep_now = batch, list(keep.get("calls", [])) if keep.get("batch") == batch else []
+        with torch.no_grad():
+            # On the CPU each set lies behind a pad of random size: a process's memory layout then changes
+            # from call to call, instead of favouring or hampering a whole process's calls by its luck.
+            self.sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device,
+                                   pads=self.pads if self.device.type == "cpu" else None)
+        _sync(self.device)
+
+    def go(self) -> None:
+        import torch
+        model, sets = self.model, self.sets
+        with torch.no_grad():
+            outs = [model(*xs) for xs in sets]
+        _sync(self.device)
+        self.outs = outs
+
+    def digest(self) -> list[int]:
+        """Digests of every output; first a check that they are plain tensors on the device, each call's
+        in memory of its own (a model that returns one buffer every call overwrites what it returned). The
+        reference worker runs the same checks: both sides' bookkeeping must cost the same."""
+        import torch
+        calls, seen = [], {}
+        for i, out in enumerate(self.outs):
+            tensors, problem = _check_outputs(out, self.device, copy=False)
+            if tensors is None:
+                raise ValueError(f"call {i} of the batch: {problem}")
+            for t in tensors:
+                if t.numel():
+                    ptr = t.untyped_storage().data_ptr()
+                    if seen.setdefault(ptr, i) != i:
+                        raise ValueError(f"calls {seen[ptr]} and {i} returned tensors in the same memory: return a "
+                                         "new tensor from every call (every call's output is kept and checked)")
+            calls.append(tensors)
+        with torch.no_grad():
+            values = digests(calls, self.weights)
+        self.outs, self.sets, self.pads = calls, [], []
+        if self.keep_now:
+            self._keep(self.keep_now)
+            self.keep_now = []
+        return values
+
+    def ship(self, path: str, keep: dict | None = None) -> None:
+        import torch
+        if keep and keep.get("batch") == self.batch:
+            self._keep(keep["calls"])
+        torch.save({"kept": {k: [o.detach().cpu() for o in v] for k, v in self.kept.items()}}, path)
+
+    def check(self, path: str, items: list[dict], rtol: float, atol: float, l2_tol: float) -> list[dict]:
+        """(Reference worker.) The shipped outputs against ours for the same calls, and against the digests
+        the runner committed to; a missing or unreadable output fails."""
+        import torch
+        loaded = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: nothing executes
+        shipped = loaded.get("kept", {}) if isinstance(loaded, dict) else {}
+        results = []
+        for item in items:
+            got, ref = shipped.get(item["key"]), self.kept.get(item["key"])
+            if not isinstance(got, list) or ref is None:
+                results.append({"ok": False, "reason": "an output the evaluator asked for is missing"})
+                continue
+            result = compare_outputs(got, ref, rtol, atol, l2_tol)
+            if result["ok"] and digests([[o.to(self.device) for o in got]], self.weights)[0] != item["digest"]:
+                result = {"ok": False, "reason": "the output shipped afterwards is not the one whose digest was sent "
+                          "right after the batch (computed later, or changed since)"}
+            results.append(result)
+        return results
+
+    def _keep(self, calls: list[int]) -> None:
+        for i in calls:
+            if 0 <= i < len(self.outs):
+                self.kept[f"{self.batch}:{i}"] = [t for t in _flat(self.outs[i])]
+
+
+def probe_ms(device) -> float:
+    """How long a trivial kernel takes from an idle stream of ours: tens of microseconds, unless another
+    process's work occupies the GPU, which then serves it first or time-slices with ours."""
+    import time
+
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(100)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def reset_persisting_l2(device) -> None:
+    """Lines another context marked persisting would shrink the L2 the next batch sees: reset them all, and
+    the limit, before every batch (both sides)."""
+    if device.type != "cuda":
+        return
+    import ctypes
+    lib = _cudart()
+    if lib is not None:
+        lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(0))  # cudaLimitPersistingL2CacheSize
+        lib.cudaCtxResetPersistingL2Cache()
+
+
+@functools.lru_cache(maxsize=1)
+def _cudart():
+    """The CUDA runtime torch loaded (found by its soname among the loaded libraries), or None."""
+    import ctypes
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None

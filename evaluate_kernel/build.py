@@ -1,0 +1,203 @@
+"""The build: load_inline wrapped with our flags, build directory and light headers; compiler messages.
+
+Runs in the builder worker (eval_worker.py, no GPU visible) and again in the runner, which imports the
+library the builder made. trim_compiler_output and arch_list_for run in the parent.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import linecache
+import os
+import re
+import shlex
+import sys
+from typing import Any
+
+from .common import _read, _remove
+
+def arch_list_for(capability: tuple[int, int]) -> str:
+    # Build SASS only for the GPU present, no PTX: one device pass less, nothing to JIT at load time.
+    # sm_90 becomes 9.0a so Hopper-only instructions (wgmma, TMA, setmaxnreg) are available to candidates;
+    # 9.0a SASS runs exactly on the sm_90 part we time on, so nothing is lost.
+    major, minor = capability
+    return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
+_ERROR_LINE = re.compile(r"^(?P<file>[^\s:()]+\.(?:cpp|cu|cuh|h))"
+                         r"(?::(?P<line>\d+)(?::\d+)?:|\((?P<nvcc_line>\d+)\):)"  # gcc f.cpp:12:5: / nvcc f.cu(12):
+                         r"\s*(?P<kind>fatal error|error)\b[: ]*(?P<msg>.*)$")
+
+
+def trim_compiler_output(log: str, candidate_src: str, max_errors: int = 3) -> str:
+    """The first compiler errors, each mapped to the candidate's own line where the code text matches."""
+    src_lines = candidate_src.splitlines()
+    lines = log.splitlines()
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        m = _ERROR_LINE.match(line.strip())
+        if not m and " error" not in line.lower():
+            continue
+        if not m:
+            if re.search(r"\berror\b", line) and not line.startswith(("FAILED", "ninja", "subprocess")) and len(picked) < max_errors:
+                picked.append(line.strip()[:300])
+            continue
+        where = f"{os.path.basename(m.group('file'))}:{m.group('line') or m.group('nvcc_line')}"
+        snippet = ""
+        for follow in lines[i + 1: i + 4]:  # gcc prints "  12 |   code"; nvcc prints the code line itself
+            code = follow.split("|", 1)[1] if "|" in follow else follow
+            code = code.strip()
+            if code and not code.startswith("^") and not _ERROR_LINE.match(follow.strip()):
+                snippet = code
+                break
+        cand_line = next((n + 1 for n, s in enumerate(src_lines) if snippet and snippet in s), None)
+        loc = f"candidate line {cand_line} ({where})" if cand_line else where
+        picked.append(f"{loc}: {m.group('kind')}: {m.group('msg').strip()}" + (f"  `{snippet[:120]}`" if snippet else ""))
+        if len(picked) >= max_errors:
+            break
+    if not picked:
+        tail = [l for l in lines if l.strip()][-8:]
+        return "\n".join(tail)[-1500:]
+    return "\n".join(picked)
+
+def _exec_source(src: str, filename: str) -> dict:
+    """Run a source as a real module (registered in sys.modules: dataclasses and pickling look it up)."""
+    import types
+    module = types.ModuleType(f"pacevolve_{filename.strip('<>')}")
+    sys.modules[module.__name__] = module
+    # Registered as the source of its file name, so inspect.getsource works (torch.jit.script needs it).
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    exec(compile(src, filename, "exec"), module.__dict__)  # noqa: S102 - the harness, not the candidate
+    return module.__dict__
+
+def _install_build_defaults(cfg: dict) -> dict:
+    """Wrap load_inline so every candidate build gets our build directory, flags and precompiled header.
+
+    Candidates write ordinary load_inline calls; the wrapper only adds flags and records failures, so a
+    failed build is reported as compile_error and everything else the module does is left to the run.
+    The builder records each call's arguments beside the built library; the runner then imports that
+    library directly when its call is the same, instead of asking ninja again (which rebuilds whenever the
+    shared precompiled header changed, for instance when another program's load_inline deleted it).
+    """
+    import inspect
+    from torch.utils import cpp_extension as ce
+    record: dict[str, Any] = {"calls": 0, "error": None}
+    original = ce.load_inline
+    pch_ok = cfg.get("use_pch") and hasattr(ce, "_check_and_build_extension_h_precompiler_headers")
+    seen: set[str] = set()
+
+    def load_inline(*args, **kw):
+        record["calls"] += 1
+        kw.pop("build_directory", None)  # builds stay inside the per-source directory
+        kw["verbose"] = True  # the compiler output goes to the worker log for the trimmed message
+        user_cflags = list(kw.get("extra_cflags") or [])
+        kw["extra_cflags"] = list(cfg.get("cflags", [])) + user_cflags
+        kw["extra_cuda_cflags"] = list(cfg.get("cuda_cflags", [])) + list(kw.get("extra_cuda_cflags") or [])
+        try:
+            bound = inspect.signature(original).bind(*args, **kw).arguments
+        except TypeError:
+            bound = None  # torch reports the bad call itself
+        fingerprint = _call_fingerprint(bound) if bound else None
+        name = str(bound["name"]) if bound else ""
+        build_dir = ce._get_build_directory(name, False) if bound and hasattr(ce, "_get_build_directory") else ""
+        stamp = os.path.join(build_dir, "pacevolve-call.sha256")
+        reusable = (cfg.get("prebuilt") and fingerprint and name not in seen and bound.get("is_python_module", True)
+                    and not bound.get("is_standalone", False) and hasattr(ce, "_import_module_from_library"))
+        seen.add(name)
+        if reusable and _read(stamp) == fingerprint and os.path.exists(os.path.join(build_dir, name + ".so")):
+            return ce._import_module_from_library(name, build_dir, True)
+        if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
+            try:
+                _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
+                kw["use_pch"] = True
+            except Exception as e:   # torch's install dir is read-only in the namespace: build without it
+                record["pch"] = f"not used: {type(e).__name__}"
+        if cfg.get("nvcc") and "PYTORCH_NVCC" not in os.environ and getattr(ce, "CUDA_HOME", None):
+            # fast_nvcc.py: nvcc's own steps, with the host and device front ends side by side.
+            os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
+                                                     os.path.join(ce.CUDA_HOME, "bin", "nvcc")])
+        try:
+            module = _build_with_light_headers(ce, original, args, kw, cfg, name, build_dir, record,
+                                               _cu_text(bound["cuda_sources"])) \
+                if bound and bound.get("cuda_sources") and cfg.get("light_headers") else original(*args, **kw)
+        except BaseException as e:
+            record["error"] = f"{type(e).__name__}: {e}"
+            raise
+        if fingerprint and build_dir and not cfg.get("prebuilt"):
+            with open(stamp, "w") as f:
+                f.write(fingerprint)
+        return module
+
+    if pch_ok:
+        # torch deletes the shared header when use_pch=False; builds that opt out must not break others.
+        ce.remove_extension_h_precompiler_headers = lambda: None
+    ce.load_inline = load_inline
+    return record
+
+
+FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again with the real torch headers"
+
+
+def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict,
+                              source: str):
+    """load_inline with light_headers.py's directory first on the .cu include path; if that fails, the call
+    as written.
+
+    The directory is written into the build directory for this source. The builder leaves a marker naming
+    it, so a runner that must rebuild (rare: the library is normally imported as built) uses the same flags.
+    """
+    marker = os.path.join(build_dir, "pacevolve-light-headers")
+    versions = getattr(getattr(ce, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    if not isinstance(versions, dict):
+        return original(*args, **kw)  # without resetting torch's versioner a second build would be renamed
+    if cfg.get("prebuilt"):
+        light_dir = _read(marker)
+        if not light_dir:
+            return original(*args, **kw)
+    else:
+        try:
+            from . import light_headers
+        except ImportError:  # evaluate_kernel.py copied without its companion: torch's headers as they are
+            return original(*args, **kw)
+        light_dir = os.path.join(build_dir, "pacevolve-headers")
+        record["light"] = light_headers.write(light_dir, source, list(kw.get("extra_include_paths") or []))
+    light_kw = dict(kw, extra_cuda_cflags=[f"-I{light_dir}"] + list(kw.get("extra_cuda_cflags") or []))
+    try:
+        module = original(*args, **light_kw)
+    except Exception:  # noqa: BLE001 - whatever failed, the real headers decide
+        _remove(marker)
+        versions.pop(name, None)  # same name, other flags: build it again under the same name
+        record["headers"] = "full (the light-header build failed)"
+        print(FULL_HEADER_RETRY, flush=True)  # the parent reads compiler errors after this line
+        return original(*args, **kw)
+    if not cfg.get("prebuilt"):
+        with open(marker, "w") as f:
+            f.write(light_dir)
+    record["headers"] = "light"
+    return module
+
+
+def _cu_text(cuda_sources) -> str:
+    """The .cu file as load_inline writes it (its implicit includes first)."""
+    sources = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources)
+    return "\n".join(["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + sources)
+
+
+def _call_fingerprint(arguments: dict) -> str:
+    return hashlib.sha256(json.dumps(arguments, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
+    # The precompiled torch/extension.h lives inside torch's install dir and is shared: build it under a
+    # file lock so concurrent builders never read a half-written header.
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ce._check_and_build_extension_h_precompiler_headers(cflags, None)
+
+def _pch_writable() -> bool:
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    inc = os.path.join(os.path.dirname(spec.origin), "include", "torch") if spec and spec.origin else ""
+    return bool(inc) and os.access(inc, os.W_OK)
+

@@ -1,0 +1,139 @@
+"""The runtime and the speedup, from the parent's own clock: pure functions over the phases it timed.
+
+A batch is n calls of one model (the candidate's in its runner, the reference in the reference worker) on
+n input sets drawn from one seed, run by the same code on both sides (batches.py). The parent sends each
+step and reads its own clock when it sends and when the answer arrives:
+
+    draw    "draw" -> "drawn"       the worker draws the n input sets            bookkeeping
+    calls   "go" -> "done"          n calls back to back, outputs kept, one sync the work
+    digest  "digest" -> "digests"   a digest of every output (the commitment)    bookkeeping
+    probe   (GPU) after the batch, the runner stopped: until the GPU is idle     bookkeeping
+
+A batch's cost is its calls plus, for each bookkeeping phase, how much longer it took than that phase
+typically takes the reference (the median of the reference's batches): work moved out of the calls into
+drawing, digesting or a tail left running on the GPU is charged in full to the calls it served. A phase
+shorter than usual counts as negative, down to the shortest the reference itself took: so honest noise
+averages out on both sides (cutting at zero would charge each side the upper half of its noise and spare a
+cheat whose moved work lifts the phase above it), and a side that does the harness's bookkeeping faster
+than the harness gains at most the reference's own spread. cost_ms = that / n.
+
+The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads),
+read by the parent from the kernel, so a busy neighbour that takes the core adds nothing (the runner may
+not start processes there: confine.py).
+
+Batches alternate r0 c0 r1 c1 ... c(k-1) rk; candidate batch i sits between reference batches i and i+1
+(the second one on the same inputs, so its kept outputs check the candidate's), so a machine that drifts
+moves both sides of every pair alike. ratio(i) = mean(cost(r_i), cost(r_i+1)) / cost(c_i); the speedup
+is the median of the ratios, with a distribution-free 95% interval from their order statistics; the
+runtime and baseline are the medians of the per-call costs. Pair 0 is a warm-up and does not count.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PHASES = ("draw", "calls", "digest", "probe")
+BOOKKEEPING = ("draw", "digest", "probe")
+
+
+@dataclass
+class Batch:
+    side: str                  # "ref" or "cand"
+    n: int                     # calls in the batch
+    draw: float = 0.0          # seconds, by the parent's clock
+    calls: float = 0.0
+    digest: float = 0.0
+    probe: float = 0.0
+
+
+@dataclass
+class Figures:
+    speedup: float
+    low: float                 # the speedup's 95% interval
+    high: float
+    runtime_ms: float          # the candidate's cost per call (median over its batches)
+    baseline_ms: float         # the reference's, measured beside it
+    pairs: int
+    ratios: list[float] = field(default_factory=list)
+
+    @property
+    def noise(self) -> float:
+        """The interval's relative half-width."""
+        return (self.high - self.low) / 2 / self.speedup
+
+
+def typical(refs: list[Batch]) -> dict[str, tuple[float, float]]:
+    """Per bookkeeping phase, what it typically takes the reference (the median over its batches) and the
+    least it took."""
+    return {p: (_median([getattr(b, p) for b in refs]), min(getattr(b, p) for b in refs)) for p in BOOKKEEPING}
+
+
+def cost_ms(b: Batch, usual: dict[str, tuple[float, float]]) -> float:
+    """A batch's cost per call: its calls plus every bookkeeping phase's difference from the usual, no
+    lower than the reference's own shortest."""
+    extra = sum(max(getattr(b, p), least) - median for p, (median, least) in usual.items())
+    return (b.calls + extra) / b.n * 1e3
+
+
+def figures(refs: list[Batch], cands: list[Batch], skip: int = 1) -> Figures | None:
+    """The speedup from alternated batches (refs has one more than cands, r_i before c_i before r_i+1);
+    the first `skip` pairs are warm-up. None while no pair counts yet."""
+    if len(refs) != len(cands) + 1:
+        raise ValueError(f"{len(refs)} reference batches around {len(cands)} candidate batches")
+    if len(cands) <= skip:
+        return None
+    counted_refs = refs[skip:]
+    usual = typical(counted_refs)
+    ref_costs = [cost_ms(b, usual) for b in refs]
+    ratios, cand_costs = [], []
+    for i in range(skip, len(cands)):
+        c = cost_ms(cands[i], usual)
+        cand_costs.append(c)
+        ratios.append((ref_costs[i] + ref_costs[i + 1]) / 2 / c)
+    low, high = median_interval(ratios)
+    return Figures(speedup=_median(ratios), low=low, high=high, runtime_ms=_median(cand_costs),
+                   baseline_ms=_median([ref_costs[i] for i in range(skip, len(refs))]), pairs=len(ratios),
+                   ratios=ratios)
+
+
+def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: order statistics j and k+1-j (1-based), j the largest
+    with P(Binomial(k, 1/2) < j) <= (1 - confidence) / 2; the whole range when k is too small for that."""
+    s = sorted(xs)
+    k = len(s)
+    if k == 0:
+        return math.nan, math.nan
+    tail, j, below = (1 - confidence) / 2, 0, 0.0
+    while j < k // 2:
+        below += math.comb(k, j) / 2 ** k   # P(B = j) added: P(B <= j) = P(B < j + 1)
+        if below > tail:
+            break
+        j += 1
+    j = max(j, 1)
+    return s[j - 1], s[k - j]
+
+
+def enough(f: Figures | None, target: float, min_pairs: int) -> bool:
+    """Stop timing once min_pairs count and the interval is within target (relative half-width)."""
+    return f is not None and f.pairs >= min_pairs and f.noise <= target
+
+
+def calls_per_batch(ref_ms: float, cand_ms: float | None, bytes_per_call: int, batch_ms: float,
+                    max_batch_ms: float, batch_bytes: int) -> int:
+    """Enough calls that the faster side's batch lasts batch_ms (fixed costs of a batch, a few exchanges
+    of messages, then stay ~1% of it); no more than keep the slower side's under max_batch_ms or the
+    batch's inputs and outputs under batch_bytes (every call gets inputs of its own); at least one."""
+    times = [t for t in (ref_ms, cand_ms) if t is not None and math.isfinite(t) and t > 0]
+    if not times:
+        return 1
+    n = math.ceil(batch_ms / min(times))
+    n = min(n, math.floor(max_batch_ms / max(times)), batch_bytes // max(1, bytes_per_call))
+    return max(1, n)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2

@@ -1,0 +1,275 @@
+"""What both sides of the evaluator need: the result type, the options, the comparison and small helpers.
+
+A leaf: imports nothing of the evaluator's own. The parent (evaluate_kernel.py, eval_device.py) and the
+workers (eval_worker.py) both import it; torch is imported lazily, inside the functions that need it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "invalid", "compile_error", "runtime_error", "incorrect", "timeout", "rejected")
+
+
+class EvaluatorError(RuntimeError):
+    """The evaluator itself failed (closed meanwhile, its reference could not run): no verdict about the
+    candidate, so nothing to store as one."""
+
+# ======================================================================================================
+# Result type
+# ======================================================================================================
+
+
+@dataclass
+class EvalResult:
+    status: str
+    correct: bool = False
+    runtime_ms: float | None = None
+    baseline_ms: float | None = None
+    speedup: float | None = None  # baseline_ms / runtime_ms
+    message: str = ""  # feedback for the LLM (short, specific)
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EvalResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+
+
+def scrubbed_env(**extra: str) -> dict[str, str]:
+    """The parent's environment minus anything that looks like a credential."""
+    env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
+    env.update({"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"})
+    env.update(extra)
+    return env
+def source_hash(src: str) -> str:
+    return hashlib.sha256(src.encode()).hexdigest()
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+def _flat(out: Any) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+def _int_view(t):
+    import torch
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+
+def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: float) -> dict:
+    """Elementwise |out-ref| <= rtol*|ref| + atol*RMS(ref) and ||out-ref||/||ref|| <= l2_tol, per output.
+
+    The absolute term scales with the output's RMS: honest kernels with another summation order differ
+    most where outputs are near zero, while degenerate outputs (zeros for a softmax) fail the relative-L2
+    bound regardless of how small the outputs are. Non-finite reference values are handled explicitly, so
+    no check can skip itself: the output must have inf/nan at exactly the same places (infinities with
+    the same sign), and both bounds are applied to the finite part (an infinite RMS would accept anything).
+    """
+    import torch
+    if len(outs) != len(refs):
+        return {"ok": False, "reason": f"{len(outs)} outputs, expected {len(refs)}"}
+    worst: dict = {"ok": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "rel_l2": 0.0}
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(o, torch.Tensor) or type(o) is not torch.Tensor:
+            return {"ok": False, "reason": f"output {i} is not a tensor"}
+        if tuple(o.shape) != tuple(r.shape):
+            return {"ok": False, "reason": f"output {i} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"}
+        if o.dtype != r.dtype:
+            return {"ok": False, "reason": f"output {i} has dtype {o.dtype}, expected {r.dtype}"}
+        o = o.to(r.device)
+        if o.numel() == 0:
+            continue
+        of, rf = o.double(), r.double()
+        finite = torch.isfinite(rf)
+        same_special = (torch.isnan(of) == torch.isnan(rf)) & ((of == rf) | finite | torch.isnan(rf))
+        bad_mask = ~same_special | (finite & ~torch.isfinite(of))
+        if bool(bad_mask.any()):
+            j = int(bad_mask.reshape(-1).nonzero()[0])
+            idx = [int(v) for v in torch.unravel_index(torch.tensor(j), o.shape)] if o.dim() else []
+            return {"ok": False, "reason": f"output {i} has non-finite values where the reference has none, or "
+                    f"not the reference's inf/nan (first at index {idx}: got {of.reshape(-1)[j].item():.6g}, "
+                    f"expected {rf.reshape(-1)[j].item():.6g})"}
+        if not bool(finite.any()):
+            continue  # every value is inf/nan and matched exactly above
+        of, rf = torch.where(finite, of, 0.0), torch.where(finite, rf, 0.0)
+        diff = (of - rf).abs()
+        rms = (rf.pow(2).sum() / finite.sum()).sqrt().item()
+        bound = rtol * rf.abs() + atol * rms
+        ref_norm = rf.norm().item()
+        rel_l2 = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
+        excess = diff - bound
+        j = int(excess.argmax())
+        idx = list(torch.unravel_index(torch.tensor(j), o.shape)) if o.dim() else []
+        worst["max_abs_err"] = max(worst["max_abs_err"], diff.max().item())
+        worst["max_rel_err"] = max(worst["max_rel_err"], (diff / rf.abs().clamp_min(1e-12)).max().item())
+        worst["rel_l2"] = max(worst["rel_l2"], rel_l2)
+        elem_ok, l2_ok = excess.view(-1)[j].item() <= 0, rel_l2 <= l2_tol
+        if not (elem_ok and l2_ok) and worst["ok"]:
+            why = [] if elem_ok else ["elementwise bound rtol*|ref|+atol*RMS(ref) exceeded"]
+            why += [] if l2_ok else [f"relative L2 error {rel_l2:.3g} > {l2_tol:.3g}"]
+            worst.update(ok=False, reason=f"output {i}: " + "; ".join(why) +
+                         f"; worst at index {[int(v) for v in idx]}: got {of.view(-1)[j].item():.6g}, "
+                         f"expected {rf.view(-1)[j].item():.6g} (abs err {diff.view(-1)[j].item():.3g}, "
+                         f"RMS(ref) {rms:.3g})")
+    return worst
+
+
+def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 256 << 20) -> list[int]:
+    """A 64-bit commitment to the exact bits of each call's outputs (calls: one list of tensors per call).
+
+    Per output k: the sum over its elements of bits * w (w odd, from the element's index), in int64 (wrapping,
+    so the order of the sum does not matter), times 2k + 3; a call's digest is the sum over its outputs. One
+    pass over the outputs on their device, no copy to the host, exact on any device. Calls whose outputs
+    have the same shapes and dtypes are stacked (chunk_bytes of outputs at a time), so a batch of n calls
+    costs a few kernels, not a few per call; a single call's digest is the same number. The runner sends
+    them before the parent names the outputs it will check, and the reference worker recomputes the digest
+    of what was shipped: an output shipped later must be bit-identical to the one that existed then.
+    `weights` caches w per (size, device).
+    """
+    import torch
+    weights = {} if weights is None else weights
+    out: list[int] = [0] * len(calls)
+    groups: dict[tuple, list[int]] = {}
+    for i, outs in enumerate(calls):
+        groups.setdefault(tuple((tuple(o.shape), o.dtype, str(o.device)) for o in outs), []).append(i)
+    for signature, members in groups.items():
+        size = max(1, sum(o.numel() * 16 for o in calls[members[0]]))   # the int64 products, with headroom
+        step = max(1, chunk_bytes // size)
+        for start in range(0, len(members), step):
+            chunk = members[start:start + step]
+            total = None
+            for k in range(len(signature)):
+                bits = _bits(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
+                key = (bits.shape[1], str(bits.device))
+                if key not in weights:
+                    idx = torch.arange(bits.shape[1], dtype=torch.int64, device=bits.device)
+                    weights[key] = ((idx * 0x1E3779B97F4A7C15 + 0x232BE59BD9B4E019) >> 17) | 1
+                d = (bits.to(torch.int64) * weights[key]).sum(dim=1) * (2 * k + 3)
+                total = d if total is None else total + d
+            values = total.tolist() if total is not None else [0] * len(chunk)
+            for i, v in zip(chunk, values):
+                out[i] = int(v)
+    return out
+
+
+def output_digest(outs: list, weights: dict | None = None) -> int:
+    """digests() of one call."""
+    return digests([list(outs)], weights)[0]
+
+
+def _bits(flat):
+    import torch
+    if flat.dtype == torch.bool:
+        return flat.view(torch.uint8)
+    size = flat.element_size()
+    if size == 8:
+        return flat.view(torch.int64)
+    return flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[size])
+
+
+# Upper bounds of what the hardware can do (a runtime below them is physically impossible).
+_PEAKS = {"H100": (3.9e12, 1.0e15), "H200": (5.2e12, 1.0e15), "A100": (2.1e12, 3.2e14), "B200": (8.5e12, 2.5e15)}
+_DISTS = ("own", "own", "scaled", "negated", "zero_mean", "per_sample")
+
+
+@dataclass
+class Options:
+    trials: int = 7  # correctness input sets; the last one re-seeds and perturbs the weights
+    build_timeout_s: float = 600.0
+    run_timeout_s: float = 300.0
+    warm_runners: bool = True  # start runner processes ahead of need (torch imported, CUDA up)
+    spare_runners: int = 3  # per device, when the runner has a core of its own (else 1)
+    prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials (0: off)
+    inputs_on_device: bool = True  # get_inputs() draws on the timing device (False: on the CPU, then copied)
+    pin_cpus: bool = True  # cores of its own for each device's runner when there are enough
+    isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (sandbox.py)
+    # Timing (clock.py): batches of back-to-back calls, alternating reference and candidate ...
+    batch_ms: float = 20.0  # ... each lasting about this long on the faster side ...
+    max_batch_ms: float = 250.0  # ... and at most this long on the slower one ...
+    batch_bytes: int = 0  # ... its inputs and outputs within this (0: 4 GiB on a GPU, 512 MiB on the CPU);
+    min_pairs: int = 6  # counted pairs before the interval may stop the timing ...
+    max_pairs: int = 40  # ... and at most this many
+    target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: 0.5% on a
+    # GPU, 2% on the CPU) ...
+    timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 3 s on the CPU, where a
+    # loaded machine may never reach 2% and every candidate of a search would pay the whole budget)
+    verify_per_batch: int = 1  # calls per candidate batch whose outputs are checked (chosen after its digests)
+    probe_ms: float = 0.2  # a trivial kernel slower than this (or 4x its idle time) after a batch: GPU busy
+    drain_s: float = 5.0  # the GPU must be idle this soon after the candidate's batch ends
+    eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
+    max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
+    allow_tf32: bool = False
+    cpu_threads: int = 1
+    max_jobs: int | None = None
+    build_workers: int | None = None
+    use_pch: bool = True
+    light_headers: bool = True  # .cu files try light_headers.py's cut-down torch headers first, then the real ones
+    fast_nvcc: bool = True  # nvcc's host and device front ends side by side (fast_nvcc.py)
+    poison_bytes: int = 1 << 30
+    peak_bytes_per_s: float | None = None
+    peak_flops: float | None = None
+
+    def __post_init__(self):
+        # Every option is a flag, a count or a non-negative amount: anything else is refused by name (a
+        # negative margin would silently double runtimes, a string flag would read as true).
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), f.default
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            else:   # a float, or None for "the device's default"
+                ok = (value is None and default is None) or (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0)
+            if not ok:
+                raise ValueError(f"Options.{f.name} must be {_kind(default)}, not {value!r}")
+        for name in ("trials", "min_pairs", "max_pairs", "verify_per_batch", "cpu_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Options.{name} must be at least 1, not {getattr(self, name)}")
+
+
+def _kind(default) -> str:
+    if isinstance(default, bool):
+        return "True or False"
+    if isinstance(default, int):
+        return "a whole number >= 0"
+    return "a number >= 0" + (" or None" if default is None else "")
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    pos = (len(sorted_vals) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _move(src: str, dst: str) -> None:
+    try:
+        os.replace(src, dst)
+    except OSError:
+        pass
+

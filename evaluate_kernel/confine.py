@@ -1,0 +1,95 @@
+"""Worker side: a runner's processes stay on the cores the parent gave it, at the priority it was given.
+
+The parent times a candidate by its own wall clock (evaluation.py). That clock is honest only if the
+candidate cannot buy wall time with resources the reference does not get: more cores (work spread over
+threads or processes on other cores) or a higher scheduling priority than the reference worker's. So,
+before any candidate code runs in a runner, confine() pins every thread to the runner's cores and installs
+a seccomp filter, inherited by every thread and process the candidate starts later, under which
+sched_setaffinity, sched_setscheduler, sched_setparam, sched_setattr and setpriority fail with EPERM, and
+so does every system call made through another ABI (32-bit or x32 entry points that a filter keyed on
+64-bit numbers would not see). A filter cannot be removed once installed, and the candidate's code runs
+only after it is in place.
+
+With no_processes (the CPU, where the parent's clock is the runner's CPU time, which counts every
+thread of the runner but no other process): fork, vfork, clone without CLONE_THREAD, execve and
+execveat fail with EPERM too, and clone3 with ENOSYS (the C library then starts threads with clone).
+Threads may start; on a GPU, processes may too (a runner that must build its own extension runs ninja),
+and the parent kills any it finds and rejects the candidate (evaluation.py).
+
+Linux on x86-64 or aarch64; elsewhere confine() returns why it did nothing (details["confined"]).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+_ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, scheduling calls, process calls, clone, clone3, x32 bit)
+    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314), (57, 58, 59, 322), 56, 435, 0x40000000),
+    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274), (221, 281), 220, 435, None),
+}
+# sched_setparam, sched_setscheduler, sched_setaffinity, setpriority, sched_setattr; fork, vfork, execve,
+# execveat (aarch64 has no fork or vfork)
+_RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
+_CLONE_THREAD = 0x00010000
+
+
+class _Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Insn))]
+
+
+def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
+    """Pin this process's threads to cpus (if given), then lock scheduling (and, with no_processes, process
+    creation); "" when done, else why not."""
+    if cpus:
+        pin_threads(cpus)
+    arch = _ARCH.get(platform.machine())
+    if arch is None:
+        return f"not confined: seccomp filter not written for {platform.machine()}"
+    audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to install a filter unprivileged
+        return f"not confined: PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
+    insns = filter_program(audit, sched + (procs if no_processes else ()), x32,
+                           (clone, clone3) if no_processes else None)
+    prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
+    # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: every existing thread (CUDA's, torch's) too.
+    if libc.syscall(nr_seccomp, 1, 1, ctypes.byref(prog)) != 0:
+        return f"not confined: seccomp failed (errno {ctypes.get_errno()})"
+    return ""
+
+
+def filter_program(audit: int, blocked, x32: int | None,
+                   clones: tuple[int, int] | None = None) -> list[tuple[int, int, int, int]]:
+    """The classic-BPF program (code, jt, jf, k): another ABI -> EPERM; x32 numbers -> EPERM; each blocked
+    number -> EPERM; with clones = (clone, clone3): clone3 -> ENOSYS, clone without CLONE_THREAD -> EPERM;
+    anything else is allowed. seccomp_data: nr at offset 0, arch at 4, the first argument's low word at 16."""
+    prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, audit), (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
+    if x32 is not None:
+        prog += [(_JGE_K, 0, 1, x32), (_RET_K, 0, 0, _RET_EPERM)]
+    for nr in sorted(blocked):
+        prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, _RET_EPERM)]
+    if clones is not None:
+        clone, clone3 = clones
+        prog += [(_JEQ_K, 0, 1, clone3), (_RET_K, 0, 0, _RET_ENOSYS),
+                 (_JEQ_K, 0, 3, clone), (_LD_W_ABS, 0, 0, 16), (_JSET_K, 1, 0, _CLONE_THREAD),
+                 (_RET_K, 0, 0, _RET_EPERM)]
+    return prog + [(_RET_K, 0, 0, _RET_ALLOW)]
+
+
+def pin_threads(cpus: list[int]) -> None:
+    """Every thread of this process onto cpus (each thread has its own affinity; new ones inherit it)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass

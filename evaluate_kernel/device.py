@@ -1,0 +1,185 @@
+"""Parent side, per device: the reference worker, the spare runners, the device's locks and baseline.
+
+Nothing here imports candidate code; it starts and stops worker processes (protocol.py) and keeps the
+state one timing slot needs.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import signal
+import tempfile
+import threading
+
+from .protocol import Worker
+
+class Device:
+    """One timing slot: a GPU (or the CPU), its reference worker, its lock and its cached baseline."""
+
+    def __init__(self, ev: "Evaluator", index: int):
+        self.index = index
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.baseline: dict | None = None
+        self.ev = ev
+        self.physical = physical_gpu(index)
+        self.ref: Worker | None = None
+        self.ref_lock = threading.Lock()
+        self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
+        self.info = self._start_ref()
+        # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
+        # the others only import torch. A new evaluation then starts with a ready process.
+        self.spares: list[Worker] = []
+        self.pinned = ev.pinned
+        if ev.opts.warm_runners:
+            self.spares = [self._spawn()]
+            self._prep(self.spares[0], self.gpu_lock_path)  # no lock held here: the spare takes it itself
+
+    def _spawn(self) -> Worker:
+        """A runner process that imports torch at once, on the cores not reserved for timing."""
+        return self.ev.spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"))
+
+    def _prep(self, w: Worker, lock_path: str | None) -> None:
+        w.send(self.ev.job("prep", device=self.ev.torch_device(), gpu_lock=lock_path))
+        w.prepped = True
+
+    def take_runner(self) -> Worker:
+        """A fresh runner for one evaluation; called with the GPU's lock held."""
+        while self.spares and self.spares[0].proc.poll() is not None:
+            dead = self.spares.pop(0)
+            dead.discard()
+        w = self.spares.pop(0) if self.spares else self._spawn()
+        if not w.prepped:
+            self._prep(w, None)  # we hold the lock: it must not wait for it
+        if self.pinned:  # the runner has a core of its own: spares may start while it works
+            self._top_up()
+        return w
+
+    def _top_up(self, prep: bool = True) -> None:
+        if self.ev.opts.warm_runners and not self.ev.closed:
+            # Importing torch takes a few seconds, an evaluation of a built candidate about one: several
+            # spares start side by side on the other cores, so back-to-back evaluations never wait for one.
+            depth = max(1, self.ev.opts.spare_runners) if self.pinned else 1
+            while len(self.spares) < depth:
+                self.spares.append(self._spawn())
+            # The next runner initialises CUDA now, during this evaluation's untimed part (settle_spare()).
+            if prep and not self.spares[0].prepped:
+                self._prep(self.spares[0], None)
+
+    def settle_spare(self, final: bool = False, timeout: float = 120.0) -> None:
+        """Wait until the prepared spare's start-up is over: called before timing and before the lock goes.
+
+        Without a core of its own the runner would share the CPU with a starting spare, so then the one
+        spare starts only here, after the evaluation, and is prepared when its evaluation takes it.
+        """
+        if final and not self.pinned:
+            self._top_up(prep=False)
+            return
+        w = self.spares[0] if self.spares else None
+        if w is None or not w.prepped or w.ready:
+            return
+        try:
+            msg = w.recv(timeout)
+            w.ready = msg.get("kind") == "ready"
+        except (TimeoutError, EOFError):
+            w.ready = False
+        if not w.ready:  # a spare that failed to start is replaced by a cold runner later
+            self.spares.pop(0)
+            w.discard()
+
+    def close(self) -> None:
+        for w in self.spares:
+            w.discard()
+        self.spares = []
+
+    def env(self) -> dict[str, str]:
+        extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
+        return self.ev.env(**extra)
+
+    def _start_ref(self) -> dict:
+        self.ref = self.ev.spawn_ref(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
+        self.ref.send(self.ev.job("ref", device=self.ev.torch_device(), cpus=self.ev.other_cpus,
+                                  on_device=self.ev.opts.inputs_on_device))
+        try:
+            return self.ref.recv(timeout=300)
+        except (TimeoutError, EOFError) as e:
+            raise RuntimeError(f"reference worker failed to start ({e!r}): {self.ref.log_tail()}") from None
+
+    def resume_ref(self) -> None:
+        """SIGCONT the reference worker: without a PID namespace a runner can stop it, and a runner killed
+        while it was stopped would leave it stopped for every later candidate."""
+        ref = self.ref
+        if ref is not None and ref.proc.poll() is None:
+            try:
+                os.kill(ref.proc.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def ref_call(self, req: dict) -> dict:
+        with self.ref_lock:
+            if self.ref is not None and self.ref.proc.poll() is not None:
+                # Nothing of ours kills it: a candidate's process did (or it crashed). The candidate is
+                # rejected (Evaluator.evaluate), and the new one starts from the checked copy (_new_worker).
+                self.ref_deaths += 1
+                self.ref.kill()
+                self.ref = None
+            if self.ref is None:
+                self._start_ref()
+            self.ref.send(req)
+            try:
+                return self.ref.recv(timeout=self.ev.opts.run_timeout_s)
+            except (TimeoutError, EOFError):
+                self.ref_deaths += 1
+                self.ref.kill()
+                self.ref = None
+                raise RuntimeError("reference worker died") from None
+
+    @property
+    def ref_ms(self) -> float | None:
+        """The reference's time per call, from the baseline's run (None until it ran): it sizes batches."""
+        return (self.baseline or {}).get("baseline_ms")
+
+    @property
+    def gpu_lock_path(self) -> str:
+        return gpu_lock_path(self.ev.device, self.physical)
+
+
+def physical_gpu(index: int) -> str:
+    """The GPU that torch calls cuda:index, as CUDA_VISIBLE_DEVICES names it (its index when unset)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [v for v in visible.split(",") if v.strip()] if visible else []
+    return ids[index] if index < len(ids) else str(index)
+
+
+def gpu_lock_path(device: str, physical: str) -> str:
+    """An fcntl lock per physical GPU, so two evaluator processes on one machine also take turns."""
+    return os.path.join(tempfile.gettempdir(), f"pacevolve-{device}{physical}.lock")
+
+class NullCtx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FileLock:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+        return False
+
+def _cuda_count() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+

@@ -1,0 +1,521 @@
+"""The Evaluator: one per task. It screens, builds, checks and times candidates against the task's
+PyTorch reference, on one or more devices, and returns an EvalResult per candidate.
+
+Public flow, Evaluator.evaluate():
+
+    screen (screen.py) -> build (a builder worker, no GPU) -> Evaluation(...).run() (evaluation.py: trials,
+    timing by this process's clock, verification) -> the evaluator's own checks (its code unchanged, its
+    reference worker alive) -> physical checks
+
+What is protected and what is not: __init__.py; the reasoning: DESIGN.md. Everything here that a worker,
+a device slot or an evaluation needs from the Evaluator is a public method below ("collaborators").
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import subprocess
+import site
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from . import evaluation
+from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
+from .common import EvalResult, EvaluatorError, Options, _move, scrubbed_env, source_hash
+from .device import Device, _cuda_count
+from .protocol import Worker
+from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
+                      namespace_problem, private_root, python_dirs)
+from .screen import screen
+
+
+
+def evaluate(reference_src: str, candidate_src: str, *, device: str = "cuda", **options) -> EvalResult:
+    """One-shot convenience: builds an Evaluator, evaluates one candidate, closes it."""
+    verdict = screen(candidate_src)  # no workers are started for code the screen already refuses
+    if verdict.status != "ok":
+        return EvalResult(verdict.status, message=verdict.message, details={"rule": verdict.rule})
+    with Evaluator(reference_src, device=device, **options) as ev:
+        return ev.evaluate(candidate_src)
+
+
+class Evaluator:
+    """One per task: thread-safe; caches baselines per device; owns the reference workers.
+
+    log_dir: where worker logs go (default: a fresh directory private to this Evaluator), so an error shown
+    for a candidate comes only from that candidate's processes. import_dirs: put on every worker's import
+    path (a problem file that imports a module beside it). key_dir: where the key that signs build markers
+    lives (default eval_sandbox.default_key_dir(); hidden from candidates, so never the cache or a parent).
+    """
+
+    def __init__(self, reference_src: str, *, device: str = "cuda", gpus: list[int] | None = None,
+                 rtol: float = 1e-4, atol: float = 1e-4, l2_tol: float = 1e-5, flops: float = 0.0,
+                 cache_dir: str | None = None, log_dir: str | None = None, import_dirs: Sequence[str] = (),
+                 key_dir: str | None = None, **options):
+        unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
+        if unknown:
+            raise TypeError(f"unknown options: {sorted(unknown)}")
+        self.reference_src, self.device, self.flops = reference_src, device, flops
+        self.opts = Options(**options)
+        if self.opts.allow_tf32:  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
+            rtol, atol, l2_tol = max(rtol, 5e-3), max(atol, 5e-3), max(l2_tol, 1e-3)
+        self.rtol, self.atol, self.l2_tol = rtol, atol, l2_tol
+        self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+        os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
+        self._private = private_root()
+        self.log_dir = os.path.abspath(log_dir or os.path.join(self._private, "logs"))
+        os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        self.import_dirs = [os.path.abspath(d) for d in import_dirs]
+        self._code = PrivateCode(self._private)
+        # Builder and runner (the processes that run candidate code) start in a namespace where one works.
+        problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
+        self._key_dir = os.path.abspath(key_dir or default_key_dir())
+        read_only = [self._code.import_dir, self._code.source_dir, *python_dirs(), *self.import_dirs]
+        if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
+               for d in [self.cache_dir, self.log_dir, *read_only]):
+            raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
+        self._namespace = None if problem else Namespace(read_only=read_only, writable=[self.cache_dir],
+                                                         hidden=[self._key_dir])
+        # Build markers are signed only where candidates cannot read the key; elsewhere the key is deleted
+        # (this Evaluator's candidates could read or plant it) and only this Evaluator's own builds count.
+        self._seal = None if problem else BuildSeal(self._key_dir)
+        if problem:
+            forget_key(self._key_dir)
+        self.isolation = f"none: {problem}" if problem else "pid+mount namespace"
+        self._tamper_events, self._tamper_note = 0, ""
+        self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
+        self._code_lock = threading.Lock()
+        cores = os.cpu_count() or 2
+        # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
+        # several builds side by side, so builds overlap with timing and with each other.
+        self._max_jobs = self.opts.max_jobs or 2
+        self._build_sem = threading.BoundedSemaphore(self.opts.build_workers or max(2, cores // 2))
+        self._build_locks: dict[str, threading.Lock] = {}
+        self._state_lock = threading.Lock()
+        self._closed = False
+        self._spare_builder: Worker | None = None
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
+        self.helpers = ThreadPoolExecutor(thread_name_prefix="pacevolve-prepare")  # reference prepares
+        if gpus is None:
+            gpus = list(range(_cuda_count())) if device == "cuda" else [0]
+        if device == "cuda" and not gpus:
+            raise RuntimeError("device='cuda' but no CUDA GPU is visible")
+        self._cpu_plan(len(gpus))
+        self.devices = [Device(self, i) for i in gpus]
+        cap = self.devices[0].info.get("capability")
+        self._arch = arch_list_for(tuple(cap)) if cap else ""
+        fast_nvcc = self._code.path("fast_nvcc.py")
+        self._fast_nvcc = fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else ""
+        # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
+        # trusted process outside it brings the header up to date once, while the baseline is measured.
+        self._pch_ready = self.helpers.submit(self._prepare_pch) if self._namespace else None
+        if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
+            for dev in self.devices:
+                self._baseline(dev)
+
+    # ---------------------------------------------------------------- public API
+    def evaluate(self, candidate_src: str) -> EvalResult:
+        """A verdict about the candidate; a failure of the evaluator itself (closed meanwhile, its reference
+        failing on its own) raises EvaluatorError instead, so that no caller stores it as a verdict."""
+        t_start = time.monotonic()
+        if self._closed:
+            raise EvaluatorError("the evaluator is closed")
+        h = source_hash(candidate_src)
+        details: dict = {"source_hash": h[:16], "flags": []}
+        verdict = screen(candidate_src)
+        if verdict.status != "ok":
+            return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
+        res = self._build(candidate_src, h, details)
+        if res is not None:
+            return self._checked(res)
+        dev = self._pick(None)
+        try:
+            baseline = self._baseline(dev)
+            tampered, ref_deaths = self._tamper_events, dev.ref_deaths
+            try:
+                result = evaluation.Evaluation(self, dev, candidate_src, h, details).run()
+            except RuntimeError:
+                if dev.ref_deaths == ref_deaths:
+                    raise
+                result = None
+            if dev.ref_deaths != ref_deaths:  # never a silent restart: its death may have served the candidate
+                result = EvalResult("rejected", message="rejected: the reference worker died while this "
+                                    "candidate ran (stopped or killed from outside; restarted from the checked "
+                                    "code copy)", details=details)
+            result = self._tamper_verdict(tampered, result, details)
+        finally:
+            with self._state_lock:
+                dev.pending -= 1
+        if result.status == "ok":
+            start_ms = baseline["baseline_ms"]
+            details["baseline_start_ms"] = start_ms
+            details["baseline_drift"] = result.baseline_ms / start_ms - 1.0
+            evaluation.physical_checks(self, result, dev)
+        if "tampering" in details.get("build_note", ""):
+            result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
+        result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index,
+                              torch=dev.info.get("torch"), cuda=dev.info.get("cuda"),
+                              wall_s=time.monotonic() - t_start)
+        return self._checked(result)
+
+    def _checked(self, result: EvalResult) -> EvalResult:
+        """A verdict reached while the evaluator was being closed is not about the candidate."""
+        if self._closed:
+            raise EvaluatorError("the evaluator was closed while this candidate was evaluated (no verdict)")
+        return result
+
+    def baseline_ms(self, gpu: int | None = None) -> float:
+        dev = self._pick(gpu)
+        try:
+            return self._baseline(dev)["baseline_ms"]
+        finally:
+            with self._state_lock:
+                dev.pending -= 1
+
+    def device_info(self, gpu: int | None = None) -> dict:
+        """Facts about a timing device (the first one unless gpu names another): device_name, and for CUDA
+        capability, sms, total_mem, l2_bytes and mem_bw_bytes_per_s (a device-to-device copy measured by
+        the reference worker at start), plus torch and CUDA versions."""
+        dev = next((d for d in self.devices if gpu is None or d.index == gpu), None)
+        if dev is None:
+            raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
+        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes", "out_bytes", "probe_ms")
+        return {k: v for k, v in dev.info.items() if k not in internal}
+
+    # ---------------------------------------------------------------- plumbing
+    def _cpu_plan(self, n_devices: int) -> None:
+        """The cores of each device's runner (it is confined to them, and the reference is timed on them) and
+        the cores left for builds and reference workers.
+
+        With enough cores each runner gets cpu_threads of its own (pinned): launch-bound kernels are timed
+        partly on the host, and a runner sharing its core with compilers reads slower. With fewer, runners
+        still get cpu_threads cores each (the last ones), shared with everything else: no candidate's process
+        may use more cores than the reference is timed on.
+        """
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = []
+        k = self.opts.cpu_threads
+        self.pinned = bool(cores) and len(cores) >= n_devices * k + 2 and self.opts.pin_cpus
+        if self.pinned:
+            self._runner_cpus = [cores[len(cores) - (i + 1) * k: len(cores) - i * k] for i in range(n_devices)]
+            self.other_cpus = cores[:len(cores) - n_devices * k]
+        else:
+            self._runner_cpus, self.other_cpus = [cores[-k:] or None] * n_devices, None
+
+    # ---------------------------------------------------------------- collaborators (device.py, evaluation.py)
+    def runner_cpus(self, dev: Device) -> list[int] | None:
+        return self._runner_cpus[self.devices.index(dev)]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @classmethod
+    def for_task(cls, task, **overrides) -> "Evaluator":
+        kw = dict(device=getattr(task, "device", "cuda"), rtol=getattr(task, "rtol", 1e-4),
+                  atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 1e-5),
+                  flops=getattr(task, "flops", 0.0))
+        kw.update(overrides)
+        return cls(task.reference_src, **kw)
+
+    def close(self) -> None:
+        self._closed = True
+        builder, self._spare_builder = getattr(self, "_spare_builder", None), None
+        if builder is not None:
+            builder.discard()
+        for dev in getattr(self, "devices", []):
+            dev.close()
+            if dev.ref is not None:
+                try:
+                    dev.ref.send({"cmd": "quit"})
+                except (OSError, ValueError):
+                    pass
+                dev.ref.kill()
+                dev.ref = None
+        for pool in (getattr(self, "_spawner", None), getattr(self, "helpers", None)):
+            if pool is not None:
+                pool.shutdown(wait=False)
+        if getattr(self, "_seal", 0) is None:  # a key made meanwhile by another Evaluator was readable here
+            forget_key(self._key_dir)
+        private = getattr(self, "_private", None)
+        if private and os.path.isdir(private):
+            _remove_tree(private, keep=self.log_dir)
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def torch_device(self) -> str:
+        return "cuda:0" if self.device == "cuda" else "cpu"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        threads = str(self.opts.cpu_threads)
+        # Fixed glibc malloc thresholds: with the default dynamic threshold a process serves tensors either
+        # from fresh mmaps (page faults every call) or from the heap, and CPU timings of the same model
+        # differed 3x between processes. Fixed, every process takes the heap path.
+        malloc = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+        path = os.pathsep.join(self.import_dirs + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
+        # Workers run under `python -I`, which ignores PYTHONPATH and the user site: both travel in a
+        # variable of our own that eval_worker.py appends after site-packages (PYTHONPATH stays for the
+        # programs a build runs).
+        user_site = [d for d in [site.getusersitepackages()] if site.ENABLE_USER_SITE and d in sys.path]
+        return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
+                            PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
+                            **malloc, **extra)
+
+    def job(self, role: str, **kw) -> dict:
+        job = dict(role=role, reference_src=self.reference_src, allow_tf32=self.opts.allow_tf32,
+                   cpu_threads=self.opts.cpu_threads)
+        job.update(kw)
+        return job
+
+    def build_config(self) -> dict:
+        return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
+                "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock"),  # guards torch's install dir
+                "light_headers": self.opts.light_headers, "nvcc": self._fast_nvcc}
+
+    def extension_env(self, h: str) -> dict[str, str]:
+        # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
+        extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.cache_dir, "ext", h[:16]),
+                 "MAX_JOBS": str(self._max_jobs)}
+        if self._arch:
+            extra["TORCH_CUDA_ARCH_LIST"] = self._arch
+        return extra
+
+    def _take_builder(self) -> Worker:
+        """A build process with torch already imported (the next one starts now); per-source settings
+        (build directory, arch list) travel in the job."""
+        with self._state_lock:
+            w, self._spare_builder = self._spare_builder, None
+            if self.opts.warm_runners and not self._closed:
+                self._spare_builder = self._spawn_builder()
+        if w is None or w.proc.poll() is not None:
+            if w is not None:
+                w.discard()
+            w = self._spawn_builder()
+        return w
+
+    def _prepare_pch(self) -> str:
+        """Builds torch's precompiled extension.h outside the namespace (builders only find it there)."""
+        cfg = self.build_config()
+        if not cfg["use_pch"]:
+            return "off"
+        script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
+                  "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
+        try:
+            proc = subprocess.run([sys.executable, "-c", script, self._code.import_dir, cfg["pch_lock"]],
+                                  env=self.env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+                                  timeout=self.opts.build_timeout_s)
+        except subprocess.TimeoutExpired:
+            return "timed out"
+        return "ready" if proc.returncode == 0 else "failed: " + proc.stderr.strip()[-300:]
+
+    def _spawn_builder(self) -> Worker:
+        # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
+        return self.spawn_warm(self.env(CUDA_VISIBLE_DEVICES=""),
+                                os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
+
+    def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> Worker:
+        """A worker running the private copy of our code, checked just before it starts. Warm workers
+        (builders and runners: they run candidate code) start in the namespace when there is one. Every
+        worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
+        self._check_code()
+        return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
+                      namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
+                      dies_with_parent=True)
+
+    def spawn_ref(self, env: dict[str, str], log_path: str) -> Worker:
+        """A reference worker (outside any namespace: it never runs candidate code), from the spawner."""
+        try:
+            return self._spawner.submit(self.new_worker, env, log_path).result()
+        except RuntimeError:  # the spawner is shut down: closing
+            return self.new_worker(env, log_path)
+
+    def spawn_warm(self, env: dict[str, str], log_path: str) -> Worker:
+        """A worker that imports torch at once, started from one long-lived thread: workers die with the
+        thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived."""
+        def start() -> Worker:
+            w = self.new_worker(env, log_path, warm=True)
+            if self.other_cpus:
+                try:
+                    os.sched_setaffinity(w.proc.pid, self.other_cpus)
+                except OSError:
+                    pass
+            return w
+        try:
+            return self._spawner.submit(start).result()
+        except RuntimeError:  # the spawner is shut down: closing
+            return start()
+
+    def _wants_pch(self, src: str) -> bool:
+        """A source that builds nothing need not wait for torch's precompiled header."""
+        return "load_inline" in src or "cpp_extension" in src
+
+    # ---------------------------------------------------------------- stages
+    def _pick(self, gpu: int | None) -> Device:
+        with self._state_lock:  # least busy device; ties go to the lowest index
+            pool = [d for d in self.devices if gpu is None or d.index == gpu]
+            if not pool:
+                raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
+            dev = min(pool, key=lambda d: d.pending)
+            dev.pending += 1
+            return dev
+
+    def _build(self, src: str, h: str, details: dict) -> EvalResult | None:
+        marker = os.path.join(self.cache_dir, "ext", h[:16], "BUILT")
+        with self._state_lock:
+            lock = self._build_locks.setdefault(h, threading.Lock())
+        with lock:  # identical sources build once, even when submitted concurrently
+            if os.path.exists(marker):
+                # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says.
+                trusted = self._built.get(h) or (self._seal.opened(h, _read_text(marker)) if self._seal else "")
+                if trusted and library_digest(os.path.dirname(marker)) == trusted:
+                    details["compile_s"] = 0.0
+                    details["build_cached"] = True
+                    return None
+                # Another candidate's builder or runner rewrote this build's libraries: build it again.
+                details["build_note"] = (
+                    "the cached build was modified after it was built (tampering); rebuilt" if trusted else
+                    "the cached build's marker has no valid signature (written by an Evaluator without a namespace, "
+                    "with another key, or forged); rebuilt" if self._seal else
+                    "a cached build from another Evaluator is not trusted without a namespace (candidates could "
+                    "forge its marker); rebuilt")
+                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
+            if self._pch_ready is not None and self._wants_pch(src):
+                self._pch_ready.result()
+            with self._build_sem:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                t0 = time.monotonic()
+                tampered = self._tamper_events
+                w = self._take_builder()
+                try:
+                    w.send({"role": "build", "candidate_src": src, "build": self.build_config(), "cpus": self.other_cpus,
+                            "env": self.extension_env(h)})
+                    msg = w.recv(self.opts.build_timeout_s)
+                except TimeoutError:
+                    return EvalResult("timeout", message=f"build exceeded {self.opts.build_timeout_s:.0f} s",
+                                      details=dict(details, compile_s=time.monotonic() - t0))
+                except EOFError:
+                    return EvalResult("compile_error", message=f"build: {w.death()}; {w.log_tail(600)}",
+                                      details=details)
+                finally:
+                    strays = w.kill()
+                    if strays:
+                        details["stray_processes_killed"] = strays
+                    details["build_wall_s"] = round(time.monotonic() - t0, 3)
+                    _move(w.log_path, os.path.join(os.path.dirname(marker), "build.log"))
+                    w.log_path = os.path.join(os.path.dirname(marker), "build.log")
+            bad = self._tamper_verdict(tampered, None, details)
+            if bad is not None:
+                return bad
+            details["compile_s"] = round(msg.get("compile_s", time.monotonic() - t0), 3)
+            if msg.get("headers"):
+                details["build_headers"] = msg["headers"]
+            if msg.get("light"):
+                details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
+            if msg["kind"] == "compile_error":
+                # After a failed light-header build only the real header's errors count (they are what
+                # torch's own build of this source would say).
+                log = w.log_tail(200000).rsplit(FULL_HEADER_RETRY, 1)[-1] + "\n" + msg["error"]
+                details["compiler_output"] = log[-20000:]
+                return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
+            if msg.get("deferred_error"):
+                details["build_note"] = msg["deferred_error"]
+            # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
+            # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
+            self._built[h] = library_digest(os.path.dirname(marker))
+            with open(marker, "w") as f:
+                f.write(self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n")
+            return None
+
+    def _baseline(self, dev: Device) -> dict:
+        with self._state_lock:
+            cached = dev.baseline
+        if cached is not None:
+            return cached
+        with dev.lock:
+            if dev.baseline is None:
+                res = evaluation.Evaluation(self, dev, None, "baseline", {"flags": []}, locked=True).run()
+                if res.status != "ok":
+                    raise EvaluatorError(f"the reference itself failed to run: {res.status}: {res.message}")
+                # baseline_ms: the reference worker's time per call; runner_ms: the same Model timed in a
+                # runner by the same protocol; their ratio (self_check, ~1) is the protocol's own check.
+                dev.baseline = {"baseline_ms": res.baseline_ms, "runner_ms": res.runtime_ms,
+                                "self_check": res.speedup, "interval": res.details.get("speedup_ci"),
+                                "timing": res.details.get("timing")}
+        return dev.baseline
+
+    def baseline_info(self, gpu: int | None = None) -> dict:
+        """The reference's measurement on a device at start: median_ms (its time per call), the same Model
+        timed in a runner (runner_ms) and their ratio (self_check: the protocol's own check, close to 1)."""
+        dev = self.devices[0] if gpu is None else next(d for d in self.devices if d.index == gpu)
+        base = self._baseline(dev)
+        return {"median_ms": base["baseline_ms"], "runner_ms": base["runner_ms"], "self_check": base["self_check"]}
+
+    def _check_code(self) -> None:
+        """Compare the code the workers run (and its originals) with what was read at start."""
+        with self._code_lock:
+            problems = self._code.problems()
+            if problems:
+                self._tamper_events += 1
+                self._tamper_note = "; ".join(problems)
+        if problems:
+            # _take_builder holds the state lock while it spawns (and so calls this): no lock taken here.
+            builder, self._spare_builder = self._spare_builder, None
+            if builder is not None:
+                builder.discard()
+            for dev in getattr(self, "devices", []):  # spares started since may have read a modified copy
+                dev.close()
+
+    def _tamper_verdict(self, before: int, result: EvalResult | None, details: dict) -> EvalResult | None:
+        """A rejection if the evaluator's code changed while this candidate's process ran."""
+        self._check_code()
+        if self._tamper_events == before:
+            return result
+        return EvalResult("rejected", message=f"rejected: {self._tamper_note} while this candidate ran; a "
+                          "candidate may write only inside its build directory", details=details)
+
+
+
+def default_cache_dir() -> str:
+    """Per-user: $XDG_CACHE_HOME/pacevolve/eval or ~/.cache/pacevolve/eval, created mode 0700."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "pacevolve", "eval")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _remove_tree(root: str, keep: str) -> None:
+    """Remove the Evaluator's private directory, except a log directory inside it that someone reads."""
+    import shutil
+    for dirpath, dirnames, _ in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o700)
+    if os.path.commonpath([root, keep]) == root and os.path.exists(keep) and os.listdir(keep):
+        shutil.rmtree(os.path.join(root, "code"), ignore_errors=True)
+        return
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""

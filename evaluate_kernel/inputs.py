@@ -1,0 +1,220 @@
+"""What the workers draw and check: trial inputs, models with (perturbed) weights, plain-tensor outputs.
+
+Runs in the reference worker and in runners; the reference worker's copy is the one whose results count
+(it never imports candidate code). torch is imported lazily.
+"""
+from __future__ import annotations
+
+import hashlib
+import traceback
+from typing import Any
+
+from .common import _flat, _int_view
+
+def _set_seed(seed: int) -> None:
+    import torch
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
+    """Inputs for one trial: the task's own get_inputs() under a fresh seed, then a distribution transform.
+
+    get_inputs() runs with the timing device as the default device, so its random tensors come from that
+    device's generator (drawing 64 MB on the CPU took ~0.1 s, on the GPU well under a millisecond). The
+    reference worker and the candidate process share the GPU and the seed, so they draw identical inputs.
+    Scaled, negated, zero-mean and per-sample inputs expose shortcuts tuned to all-positive i.i.d. data;
+    the seeds are drawn per evaluation, unknown when the candidate was written. With "set_index" j in the
+    spec: the j-th of the sets _draw_sets() draws after one seeding (a host round's inputs).
+    """
+    import torch
+    if "set_index" in spec:
+        return _draw_sets(ref_ns, spec["seed"], spec["set_index"] + 1, device, spec.get("on_device", True))[-1]
+    xs, draw_on = _draw_sets(ref_ns, spec["seed"], 1, device, spec.get("on_device", True), to_device=False)[0]
+    gen = torch.Generator(device=draw_on).manual_seed(spec["seed"] + 1)
+    out = []
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            x = _transform(x.to(draw_on), spec["dist"], gen) if x.is_floating_point() else x
+            x = x.to(device)
+        out.append(x)
+    return out
+
+
+def _draw_sets(ref_ns: dict, seed: int, n: int, device, on_device: bool = True, to_device: bool = True,
+               pads: list | None = None) -> list:
+    """n input sets from get_inputs() after one seeding, on the timing device (or the CPU when get_inputs()
+    needs it); with to_device=False, one (set, device drawn on) pair instead. With `pads` (a list the
+    caller keeps), each set is drawn behind a host allocation of random size (0-1 MiB, appended to pads),
+    so the sets and what each call allocates start at addresses of their own."""
+    import os
+
+    import torch
+    draw_on = device if on_device else torch.device("cpu")
+
+    def draw() -> list:
+        if pads is not None:
+            pads.append(torch.empty(int.from_bytes(os.urandom(2), "little") * 16, dtype=torch.uint8))
+        return list(ref_ns["get_inputs"]())
+
+    _set_seed(seed)
+    try:
+        with torch.device(draw_on):
+            sets = [draw() for _ in range(n)]
+    except Exception:  # noqa: BLE001 - a get_inputs() that needs CPU tensors (.numpy() etc.) runs on the CPU
+        draw_on = torch.device("cpu")
+        _set_seed(seed)
+        sets = [draw() for _ in range(n)]
+    if not to_device:
+        return [(sets[0], draw_on)]
+    return [[x.to(device) if isinstance(x, torch.Tensor) else x for x in xs] for xs in sets]
+
+
+def _transform(x, dist: str, gen):
+    import torch
+    if dist == "scaled":
+        return x * 3.0
+    if dist == "negated":
+        return -x
+    if dist == "zero_mean":
+        return x - x.mean()
+    if dist == "per_sample" and x.dim() >= 1:
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+        scale = torch.rand(shape, generator=gen, dtype=x.dtype, device=x.device) * 1.5 + 0.5
+        offset = torch.randn(shape, generator=gen, dtype=x.dtype, device=x.device)
+        return x * scale + offset
+    return x
+
+
+def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
+                 ref_params: list[tuple[str, list[int]]] | None = None):
+    """KernelBench order: seed, get_init_inputs(), seed, construct; optionally perturb small parameters.
+    Returns (model on device, the reference parameters that found no counterpart).
+
+    Re-seeded weights plus perturbed biases and norm parameters stop shortcuts tuned to seed-42 weights or
+    to GroupNorm's weight=1, bias=0. The k-th of the reference's 1-D parameters (registration order) gets
+    the k-th delta. In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
+    parameter of the same name and shape, else the first not yet taken of the same shape in registration
+    order; parameters ModelNew adds (frozen constants, affine norms at identity) keep their own values, and
+    a reference parameter with no counterpart is returned (the trial then cannot run as specified).
+    """
+    import torch
+    _set_seed(weight_seed)
+    init = ref_ns["get_init_inputs"]()
+    _set_seed(weight_seed)
+    with torch.no_grad():
+        model = cls(*init)
+    missing: list[str] = []
+    if perturb:
+        if ref_params is None:
+            targets = [p for _, p in model.named_parameters() if p.dim() <= 1]
+        else:
+            targets, missing = _counterparts(dict(model.named_parameters()), ref_params)
+        with torch.no_grad():
+            for k, p in enumerate(targets):
+                if p is None:
+                    continue
+                seed = int(hashlib.sha256(f"{weight_seed}:{k}".encode()).hexdigest()[:8], 16)
+                g = torch.Generator().manual_seed(seed)
+                p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.device, p.dtype) * 0.5)
+    return model.to(device), missing
+
+
+def _counterparts(params: dict, ref_params: list) -> tuple[list, list[str]]:
+    """For each (name, shape) of the reference, ModelNew's parameter by name, else by shape and order."""
+    taken: set[str] = set()
+    found: list = [None] * len(ref_params)
+    for k, (name, shape) in enumerate(ref_params):
+        p = params.get(name)
+        if p is not None and list(p.shape) == list(shape):
+            found[k] = p
+            taken.add(name)
+    for k, (name, shape) in enumerate(ref_params):
+        if found[k] is None:
+            other = next((n for n, p in params.items() if n not in taken and list(p.shape) == list(shape)), None)
+            if other is not None:
+                found[k] = params[other]
+                taken.add(other)
+    return found, [f"{n} {tuple(s)}" for (n, s), p in zip(ref_params, found) if p is None]
+
+
+def _inputs_unchanged(xs: list, pristine: list) -> bool:
+    """Bit-exact comparison with a pristine copy, on the device (a hash of GBs on the host is too slow)."""
+    import torch
+    for x, p in zip(xs, pristine):
+        if isinstance(x, torch.Tensor):
+            if x.shape != p.shape or x.dtype != p.dtype:
+                return False
+            a, b = x.detach().reshape(-1), p.reshape(-1)
+            if a.is_floating_point():  # compare bits, so NaN == NaN and -0.0 != 0.0
+                a, b = a.view(_int_view(a)), b.view(_int_view(b))
+            if not torch.equal(a, b):
+                return False
+        elif x != p:
+            return False
+    return True
+
+
+def _clone_inputs(xs: list) -> list:
+    import torch
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _poison(device, nbytes: int) -> None:
+    """Hand the allocator's free memory back full of NaN (hack 1: outputs left in stale memory).
+
+    empty_cache() returns cached blocks; a large NaN-filled allocation then overwrites what the caching
+    allocator will hand out next, so an unwritten output reads as NaN and fails the finiteness check.
+    """
+    import torch
+    if device.type != "cuda":
+        return
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    n = max(1, min(nbytes, int(free * 0.5)) // 4)
+    buf = torch.empty(n, dtype=torch.float32, device=device)
+    buf.fill_(float("nan"))
+    del buf
+    torch.cuda.synchronize()
+
+
+def _check_outputs(out: Any, device, copy: bool = True) -> tuple[list | None, str]:
+    """Plain tensors with real storage on the expected device (not lazy tensor subclasses); copies on the
+    host unless copy=False."""
+    import torch
+    tensors = []
+    for i, o in enumerate(_flat(out)):
+        if type(o) is not torch.Tensor:
+            return None, f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"
+        if o.numel() and o.untyped_storage().size() == 0:
+            return None, f"output {i} has no storage"
+        if o.device.type != device.type:
+            return None, f"output {i} is on {o.device}, expected {device.type}"
+        tensors.append(o.detach().clone().cpu() if copy else o.detach())
+    return tensors, ""
+
+
+def _short_traceback(exc: BaseException) -> str:
+    """The exception plus the candidate's own frames (file "<candidate>"), for the LLM."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<candidate>"]
+    where = "; ".join(f"candidate line {f.lineno} in {f.name}: {(f.line or '').strip()[:100]}" for f in frames[-3:])
+    text = f"{type(exc).__name__}: {str(exc).strip()[:700]}"
+    return text + (f" [{where}]" if where else "")
+
+def _setup_torch(job: dict, device) -> None:
+    import torch
+    torch.set_num_threads(job["cpu_threads"])
+    # The precision policy is pinned here, not left to defaults (cuDNN convolutions default to TF32).
+    tf32 = bool(job["allow_tf32"])
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+

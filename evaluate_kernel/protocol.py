@@ -1,0 +1,248 @@
+"""The protocol between the evaluator (parent) and its workers, and the parent's handle on one worker.
+
+Every worker is `python -I -B -c BOOT CODE_DIR --worker FD [warm PARENT_PID]`, run from the evaluator's
+private copy of its code (worker.main()). The parent writes one JSON object per line on the worker's stdin; the worker answers on the
+private pipe FD, never on stdout (which goes to the worker's log), and every answer carries the job's
+nonce, so text a candidate prints cannot pose as an answer.
+
+Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
+
+| role   | dir | kind / cmd     | fields                                   | meaning                                  |
+|--------|-----|----------------|------------------------------------------|------------------------------------------|
+| any    | ->  | role=prep      | device, gpu_lock, reference_src, ...     | runner: set up CUDA and the reference    |
+| runner | <-  | ready          | marks                                    | start-up done                            |
+| any    | ->  | role=build     | candidate_src, build, env, cpus          | exec the candidate with no GPU           |
+| build  | <-  | built          | compile_s, has_model, calls, headers     | module imported; libraries built         |
+| build  | <-  | compile_error  | error, compile_s                         | a load_inline call failed                |
+| any    | ->  | role=run       | mode, candidate_src, trials, timing, ... | import the candidate, run the trials     |
+| runner | <-  | outputs        | path, names, flags, marks                | trial outputs saved to path              |
+| runner | <-  | error/rejected | where, error, flags                      | import, forward or timing failed         |
+| runner | ->  | cmd=time       | seed                                     | timing starts; the seed of its inputs    |
+| runner | <-  | block          |                                          | a block of event calls done; it waits    |
+| runner | ->  | cmd=next       |                                          | the next block (after one of the ref's)  |
+| runner | <-  | timed          | samples, tails, steady_ms, digests, ...  | event and steady phases done; digests    |
+|        |     |                |                                          | commit every timed call's outputs        |
+| runner | ->  | cmd=go         | seed, sets, chosen                       | one host round: N calls back to back;    |
+|        |     |                |                                          | chosen: the last round's call to keep    |
+| runner | <-  | round          | digests                                  | the round's calls are done (parent clock)|
+| runner | ->  | cmd=reveal     | calls                                    | which committed calls to ship            |
+| runner | <-  | shipped        | path                                     | those outputs saved to path              |
+| any    | ->  | role=ref       | device, reference_src                    | start the reference worker               |
+| ref    | <-  | ready          | ref_names, device facts                  | reference loaded                         |
+| ref    | ->  | cmd=prepare    | items                                    | compute reference outputs ahead          |
+| ref    | <-  | prepared       | count                                    |                                          |
+| ref    | ->  | cmd=compare    | path, field, items, tolerances           | compare saved outputs (weights_only)     |
+| ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
+| ref    | ->  | cmd=time       | seed, timing, cpus                       | one block of the reference's paired      |
+|        |     |                |                                          | timing, on the runner's cores            |
+| ref    | <-  | ref_timed      | samples, plain_samples, steady_ms        |                                          |
+| ref    | ->  | cmd=pin        | cpus (or null)                           | onto the runner's cores for the rounds   |
+| ref    | <-  | pinned         |                                          |                                          |
+| ref    | ->  | cmd=round      | seed, sets, timing                       | the same host round on the reference     |
+| ref    | <-  | round          | digests                                  | (timed by the parent, between runner's)  |
+| runner | <-  | done           | flags                                    | timing over                              |
+| build, runner | <- | end        |                                          | nothing more follows (the launcher of a  |
+|        |     |                |                                          | namespace holds the channel open)        |
+| ref    | ->  | cmd=quit       |                                          |                                          |
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from .common import _remove
+from .sandbox import MARK_ENV, Namespace, kill_processes
+
+# -I: no script directory, user site or PYTHON* variables on the import path; the private copy's import
+# directory goes after site-packages, so nothing dropped there can stand in for a library module.
+BOOT = "import sys; sys.path.append(sys.argv[1]); from evaluate_kernel.worker import main; main()"
+
+
+class Worker:
+    """A subprocess running worker.main(): own session, scrubbed env, stdout to its own log.
+
+    Results travel on a private pipe, never on stdout, and every message must carry the job's nonce, so text
+    the candidate prints cannot pose as a result (it goes to the log only). The worker's environment
+    carries a marker, so kill() finds what it started however it was started (eval_sandbox.py).
+    """
+
+    def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
+                 mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
+                 dies_with_parent: bool = False):
+        r, w = os.pipe()
+        self.log_path = log_path
+        self.mark = mark or f"pv{secrets.token_hex(8)}"
+        self.namespace = namespace
+        self._log = open(log_path, "ab")
+        code_dir = code_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # -B: nothing written beside the code. In a namespace the worker cannot see our pid (it checks for 0).
+        parent = 0 if namespace else os.getpid()
+        argv = [sys.executable, "-I", "-B", "-c", BOOT, code_dir, "--worker", str(w)] + (
+            ["warm", str(parent)] if warm else [])
+        self.proc = subprocess.Popen(
+            namespace.wrap(argv) if namespace else argv,
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),
+            env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
+            preexec_fn=_preexec(warm or dies_with_parent, cpus))
+        os.close(w)
+        self._rfd = r
+        self._buf = b""
+        self.nonce = secrets.token_hex(16)
+        self.prepped = False  # runners: "prep" sent
+        self.ready = False  # runners: "ready" received (start-up done)
+
+    def main_pid(self) -> int:
+        """The worker's Python process (in a namespace, the child of unshare), for its CPU time."""
+        if self.namespace is None:
+            return self.proc.pid
+        pid = self.proc.pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except (OSError, ValueError):  # a kernel without that file: look for our child by its parent
+            children = [c for c in _pids() if _parent_of(c) == pid]
+        return children[0] if children else pid
+
+    def send(self, msg: dict) -> None:
+        msg = dict(msg, nonce=self.nonce)
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> dict:
+        """The next message with our nonce. Raises TimeoutError or EOFError (worker gone)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict) and msg.get("nonce") == self.nonce:
+                    return msg
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self._rfd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self._rfd, 1 << 20)
+                if not chunk:
+                    raise EOFError
+                self._buf += chunk
+                if len(self._buf) > 64 << 20:
+                    raise EOFError  # a flood on the result pipe is not a result
+
+    def death(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the process stopped answering"
+        if rc < 0:
+            return f"the process died with signal {signal.Signals(-rc).name}"
+        return f"the process exited with code {rc} before reporting a result"
+
+    def log_tail(self, n: int = 1500) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def discard(self) -> int:
+        """Kill it and delete its log (a runner or spare whose output nobody will read)."""
+        strays = self.kill()
+        _remove(self.log_path)
+        return strays
+
+    def kill(self) -> int:
+        """Kill the worker and every process it started (found while the worker still lives, so its
+        descendants are found by ancestry); returns how many such processes there were."""
+        strays = kill_processes({self.proc.pid}, self.mark)
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the whole group: compilers, stray children
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        for closer in (self.proc.stdin.close, self._log.close, lambda: os.close(self._rfd)):
+            try:
+                closer()
+            except OSError:
+                pass
+        return strays
+
+class LineReader:
+    """Lines from stdin, read unbuffered, so "is a line waiting?" has an honest answer (select on a
+    buffered stream misses lines already pulled into its buffer)."""
+
+    def __init__(self, fd: int = 0):
+        self.fd, self.buf = fd, b""
+
+    def wait(self, timeout: float) -> bool:
+        if b"\n" in self.buf:
+            return True
+        if select.select([self.fd], [], [], timeout)[0]:
+            chunk = os.read(self.fd, 1 << 16)
+            self.buf += chunk if chunk else b"\n"  # EOF reads as an empty line
+        return b"\n" in self.buf
+
+    def readline(self) -> dict:
+        while not self.wait(3600):
+            pass
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line) if line.strip() else {"cmd": "quit"}
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _preexec(die_with_parent: bool, cpus: list[int] | None):
+    die = _die_with_parent_preexec() if die_with_parent else None
+    if die is None and not cpus:
+        return None
+
+    def run() -> None:
+        if die is not None:
+            die()
+        if cpus:  # before exec: every process of the worker (a namespace's too) starts on these cores
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+    return run
+
+
+def _die_with_parent_preexec():
+    """SIGKILL when the thread that started the worker ends (the evaluator's spawner thread, or the whole
+    evaluator). A runner is SIGSTOPped whenever the reference is timed; a stopped process never sees its
+    pipes close, so without this a killed evaluator would leave it behind, holding memory and possibly a
+    CUDA context (the reference worker too, busy, would outlive it for a while). Set between fork and
+    exec, so there is no moment when a worker could be stopped without it."""
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, in the parent
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def check_parent(parent_pid: int) -> None:
+    if parent_pid and os.getppid() != parent_pid:  # the evaluator died before the child's prctl took effect
+        os._exit(0)
+

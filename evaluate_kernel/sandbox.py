@@ -1,0 +1,385 @@
+"""Parent side: what keeps a candidate's processes from reaching beyond their own evaluation.
+
+* PrivateCode: the evaluator's code, copied at start into a private directory (mode 0700, files
+  read-only) that every worker runs from. Its bytes are kept in memory and checked before each worker
+  starts and after each build and run: a change to the copy is undone (and the spares that may have read
+  it are discarded), and a change to the original files is reported. Both reject the candidate whose
+  process was running.
+* find_processes / kill_processes: every process a worker started, however it was started. Workers run
+  with an environment marker and as child subreapers (eval_worker.py), so a daemon that forks twice or
+  calls setsid stays a descendant of its worker; what still escapes that (a process that also cleared
+  its environment and left the worker's tree before the worker died) is the documented residue.
+
+* Namespace: where util-linux's unshare and setpriv work (root on Linux: the CI container and the GPU
+  VM), builder and runner start inside a new PID and mount namespace. Everything they start dies with
+  the namespace's first process, however it was started; they cannot see or signal the reference worker
+  or the evaluator (outside their PID namespace); the private code, the evaluator's source directory and
+  the Python installation are bind-mounted read-only, and CAP_SYS_ADMIN is dropped so the candidate
+  cannot remount them. /dev is untouched (the GPU device nodes stay usable). The `hidden` directories
+  (the build-marker key's) are covered by an empty read-only tmpfs. Without a namespace, the process
+  sweep and the hash checks above are all there is (namespace_problem() says why).
+* BuildSeal: a build's BUILT marker (in the writable cache) carries an HMAC-SHA256 over (source hash,
+  library digest) under a per-user key kept outside the cache, in a directory the namespace hides. A
+  later Evaluator trusts a cached build only if the marker's tag is right and the libraries still have
+  the digest it vouches for: a candidate can rewrite another build and its marker, but not sign it.
+  Candidates that ran without a namespace could read the key, so such Evaluators hold no key, trust
+  only their own builds, and delete the key file (forget_key) when they start and close.
+
+No cgroups: the CI container and the GPU machine do not let an unprivileged process create them, and the
+scan costs a few milliseconds per evaluation.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sysconfig
+import tempfile
+from dataclasses import dataclass, field
+
+MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
+PACKAGE = "evaluate_kernel"
+
+
+def code_files(source_dir: str) -> list[str]:
+    """The package's modules: every .py file of its folder (nothing kept by hand, so none goes missing)."""
+    return sorted(n for n in _listdir(source_dir) if n.endswith(".py"))
+
+
+class PrivateCode:
+    """A private, hash-checked copy of the evaluator's package for the workers to run from: root/code is
+    put on a worker's import path and holds only the package's folder, root/code/evaluate_kernel."""
+
+    def __init__(self, root: str, source_dir: str | None = None):
+        self.source_dir = source_dir or os.path.dirname(os.path.abspath(__file__))
+        self.import_dir = os.path.join(root, "code")
+        self.dir = os.path.join(self.import_dir, PACKAGE)
+        self.files = {name: _read_bytes(os.path.join(self.source_dir, name)) for name in code_files(self.source_dir)}
+        self.files = {name: data for name, data in self.files.items() if data is not None}
+        self.digests = {name: hashlib.sha256(data).digest() for name, data in self.files.items()}
+        self.originals = dict(self.digests)  # the original files as last seen
+        self._write()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def problems(self) -> list[str]:
+        """What changed since start: the private copy (undone here) or the original files (reported)."""
+        out = []
+        extra = sorted(set(_listdir(self.dir)) - set(self.files)) + [
+            n for n in _listdir(self.import_dir) if n != PACKAGE]
+        if extra or any(_digest(self.path(n)) != d for n, d in self.digests.items()):
+            # The whole tree: a package dropped beside the code (json/, say) is tampering like an edit.
+            what = f" (extra names: {', '.join(extra[:5])})" if extra else ""
+            out.append(f"the evaluator's private copy of its code was modified{what} (restored)")
+            self._write()
+        now = {n: _digest(os.path.join(self.source_dir, n)) for n in self.digests}
+        changed = [n for n, d in now.items() if d != self.originals[n]]
+        if changed:  # reported once per change: an edit by a developer must not reject every later candidate
+            out.append(f"the evaluator's own files were modified: {', '.join(changed)}")
+            self.originals = now
+        return out
+
+    def _write(self) -> None:
+        os.makedirs(self.import_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.import_dir, 0o700)
+        for name in os.listdir(self.import_dir):
+            if name != PACKAGE:
+                _remove_any(os.path.join(self.import_dir, name))
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        for name in os.listdir(self.dir):
+            if name not in self.files:
+                _remove_any(os.path.join(self.dir, name))
+        for name, data in self.files.items():
+            path = self.path(name)
+            if _digest(path) == self.digests[name]:
+                continue
+            _remove_any(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        os.chmod(self.dir, 0o500)
+        os.chmod(self.import_dir, 0o500)
+
+
+@dataclass
+class Namespace:
+    """The PID + mount namespace a builder or runner starts in: `read_only` directories are bind-mounted
+    read-only (recursively, so a writable directory bound inside one first stays writable); `hidden`
+    directories are covered by an empty read-only tmpfs, last, so they stay hidden inside either."""
+    read_only: list[str]
+    writable: list[str]
+    hidden: list[str] = field(default_factory=list)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        writable = [d for d in self.writable if os.path.isdir(d)]
+        read_only = [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)]
+        hidden = list(dict.fromkeys(self.hidden))
+        for d in hidden:  # made if gone: a key created there later must not be visible to this worker
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        # --kill-child: if unshare itself is killed, the namespace's first process gets SIGKILL, and with
+        # it every process in the namespace. The bounding set without CAP_SYS_ADMIN: no remount, no umount
+        # (so no way under the tmpfs that hides the key).
+        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--", "/bin/sh", "-c",
+                _MOUNT_SCRIPT, "sh", str(len(writable)), *writable, str(len(read_only)), *read_only,
+                str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-sys_admin", "--", *argv]
+
+
+# Arguments: N writable dirs, M read-only dirs, K hidden dirs, then the command. A failed mount aborts
+# (exit 97): a worker never runs with less protection than the Evaluator reported.
+_MOUNT_SCRIPT = """set -e
+n=$1; shift
+while [ "$n" -gt 0 ]; do mount --bind "$1" "$1" || exit 97; shift; n=$((n-1)); done
+n=$1; shift
+while [ "$n" -gt 0 ]; do
+  mount --rbind "$1" "$1" || exit 97
+  mount -o remount,bind,ro "$1" || exit 97
+  shift; n=$((n-1))
+done
+n=$1; shift
+while [ "$n" -gt 0 ]; do
+  mount -t tmpfs -o ro,size=4k,mode=0500 pacevolve-hidden "$1" || exit 97
+  shift; n=$((n-1))
+done
+exec "$@"
+"""
+
+
+class BuildSeal:
+    """Signs and checks BUILT markers with a per-user key (key_dir/KEY_NAME, mode 0600).
+
+    The marker holds the library digest and an HMAC-SHA256 tag over (source hash, digest): a marker moved
+    from another source's build, or rewritten with a new digest, fails the check.
+    """
+
+    def __init__(self, key_dir: str):
+        self.key = _load_or_create_key(os.path.join(key_dir, KEY_NAME))
+
+    def seal(self, source_hash: str, digest: str) -> str:
+        return f"{digest}\n{self._tag(source_hash, digest)}\n"
+
+    def opened(self, source_hash: str, marker_text: str) -> str:
+        """The digest the marker vouches for, or "" when its tag is not ours (unsigned, another key, forged)."""
+        parts = marker_text.split()
+        if len(parts) != 2:
+            return ""
+        digest, tag = parts
+        return digest if hmac.compare_digest(tag, self._tag(source_hash, digest)) else ""
+
+    def _tag(self, source_hash: str, digest: str) -> str:
+        message = f"pacevolve-build\0{source_hash}\0{digest}".encode()
+        return hmac.new(self.key, message, hashlib.sha256).hexdigest()
+
+
+KEY_NAME = "build-marker.key"
+
+
+def default_key_dir() -> str:
+    """Beside the default cache, not in it: $XDG_CACHE_HOME/pacevolve/keys or ~/.cache/pacevolve/keys."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pacevolve", "keys")
+
+
+def forget_key(key_dir: str) -> None:
+    """Delete the key: candidates run without a namespace may have read it (or planted one)."""
+    try:
+        os.remove(os.path.join(key_dir, KEY_NAME))
+    except OSError:
+        pass
+
+
+def python_dirs() -> list[str]:
+    """The Python installation (standard library and site-packages): a .pth file written there would run
+    in every later Python process."""
+    paths = sysconfig.get_paths()
+    return [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+
+
+def namespace_problem() -> str:
+    """Empty when builder and runner can start in a namespace here; otherwise why not."""
+    if not os.path.isdir("/proc") or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return "util-linux unshare/setpriv or /proc missing"
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as secret:
+        open(os.path.join(secret, "key"), "w").close()
+        probe = Namespace([d], [], [secret]).wrap(
+            ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! test -e {secret}/key && test \"$$\" = 1"])
+        try:
+            r = subprocess.run(probe, capture_output=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unshare failed: {e}"
+        if r.returncode != 0:
+            return f"unshare failed (exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[:120]})"
+    return ""
+
+
+def library_digest(build_dir: str) -> str:
+    """sha256 over every file under build_dir that a runner or its ninja would read (names and bytes).
+
+    Not only the libraries: a runner whose call stamp no longer matches asks ninja, which relinks an
+    unchanged library from a replaced object file whose mtime was set back. Left out are the parent's own
+    files (BUILT, build.log) and what can only make ninja rebuild from the covered files (its logs, the
+    lock); a symbolic link counts as its target's name, never followed.
+    """
+    h = hashlib.sha256()
+    for here, dirs, files in sorted(os.walk(build_dir)):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(here, name)
+            rel = os.path.relpath(path, build_dir)
+            if rel in _PARENT_FILES or name in _REBUILD_ONLY:
+                continue
+            if os.path.islink(path):
+                content = b"link:" + os.readlink(path).encode()
+            else:
+                content = _digest(path) or b"missing"
+            h.update(rel.encode() + b"\0" + content + b"\0")
+    return h.hexdigest()
+
+
+_PARENT_FILES = {"BUILT", "build.log"}
+_REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
+
+
+def private_root(prefix: str = "pacevolve-") -> str:
+    """A fresh directory only this user can enter."""
+    return tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
+
+
+def find_processes(roots: set[int], mark: str) -> set[int]:
+    """Live processes descended from `roots` or carrying `mark` in their environment (same user only)."""
+    uid = os.getuid()
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    me = os.getpid()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                continue
+            parents[pid] = int(fields[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark.encode() in f.read():
+                    marked.add(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    found = set(marked) | (roots & set(parents))
+    grew = True
+    while grew:
+        children = {p for p, pp in parents.items() if pp in found and p not in found}
+        found |= children
+        grew = bool(children)
+    found.discard(me)
+    return found
+
+
+def kill_processes(roots: set[int], mark: str, rounds: int = 3) -> int:
+    """SIGKILL everything find_processes finds, again until nothing is left (a fork may race the first
+    pass); returns how many processes were killed besides the roots."""
+    killed: set[int] = set()
+    for _ in range(rounds):
+        found = find_processes(roots, mark)
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed |= found
+        _reap(found)
+    return len(killed - roots)
+
+
+def _reap(pids: set[int]) -> None:
+    # Adopted orphans of a subreaper we are not: nothing to reap. Our own children are reaped by Popen.
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
+
+
+def _load_or_create_key(path: str) -> bytes:
+    """The key at path, made (32 random bytes, mode 0600) if missing or malformed; concurrent Evaluators
+    agree on one: a new key is linked into place only where none exists."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.chmod(os.path.dirname(path), 0o700)
+    for _ in range(5):
+        key = _read_key(path)
+        if key is not None:
+            return key
+        tmp = f"{path}.{secrets.token_hex(6)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if _read_key(path) is None:  # malformed (a key being made is linked whole, never partial)
+                os.replace(tmp, path)
+        finally:
+            _remove_any(tmp)
+    raise RuntimeError(f"cannot create or read the build-marker key {path}")
+
+
+def _read_key(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        key = f.read(64)
+    return key if len(key) == 32 else None
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _digest(path: str) -> bytes | None:
+    data = _read_bytes(path)
+    return None if data is None else hashlib.sha256(data).digest()
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _remove_any(path: str) -> None:
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            _make_writable(path)
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def _make_writable(top: str) -> None:
+    for here, dirs, _ in os.walk(top):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(here, d), 0o700)
+            except OSError:
+                pass
+    os.chmod(top, 0o700)

@@ -1,0 +1,400 @@
+"""The worker roles: builder, runner (the candidate's process) and reference worker.
+
+`python -I -B -c BOOT CODE_DIR --worker FD [warm PARENT_PID]` (protocol.BOOT: CODE_DIR, the private copy's
+import directory, goes on the path, then main() here) reads jobs on stdin and answers on pipe FD (protocol.py
+has the table of message kinds). The builder and runner execute untrusted code; the reference worker never
+does, and computes every reference output and every comparison.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from .batches import Batches, probe_ms, reset_persisting_l2
+from .build import _exec_source, _install_build_defaults
+from .common import _flat, compare_outputs
+from .confine import confine, pin_threads
+from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
+                     _setup_torch, _short_traceback, _sync)
+from .protocol import LineReader, check_parent
+
+
+def main() -> None:
+    """Entry point of every worker process (argv: CODE_DIR --worker FD [warm PARENT_PID])."""
+    # Started with `python -I` (no script directory, no user site, no PYTHON* variables): the import
+    # directories go after the standard library and site-packages, as the private code did (protocol.BOOT),
+    # so a module dropped there cannot stand in for a library one.
+    sys.path += [d for d in os.environ.get("PACEVOLVE_EVAL_PATH", "").split(os.pathsep) if d]
+    _become_subreaper()
+    chan = os.fdopen(int(sys.argv[3]), "wb", buffering=0)
+    stdin = LineReader()
+    nonce_box: dict = {}
+
+    def send(msg: dict) -> None:
+        chan.write((json.dumps(dict(msg, nonce=nonce_box["n"])) + "\n").encode())
+
+    if sys.argv[4:5] == ["warm"]:
+        # A spare pays for the torch import while the previous candidate runs; CUDA waits for "prep".
+        check_parent(int(sys.argv[5]))
+        import torch  # noqa: F401
+        import torch.utils.cpp_extension  # noqa: F401
+    job = stdin.readline()
+    if "role" not in job:  # the evaluator closed our stdin before giving us work
+        os._exit(0)
+    nonce_box["n"] = job.pop("nonce", "")
+    state = None
+    if job["role"] == "prep":  # a runner: get ready first, then take one job
+        try:
+            state = _prepare_runner(job, send, stdin)
+        except BaseException as e:  # noqa: BLE001
+            send({"kind": "error", "where": "runner start-up", "error": f"{type(e).__name__}: {e}"})
+            os._exit(1)
+        job = stdin.readline()
+        if "role" not in job:
+            os._exit(0)
+        job.pop("nonce", None)
+    os.environ.update(job.get("env", {}))  # build dir and arch list of this candidate
+    role = job["role"]
+    if role == "build":
+        if job.get("cpus"):
+            pin_threads(job["cpus"])  # also inherited by the compilers the build starts
+        _role_build(job, send)
+    elif role == "run":
+        # Before any candidate code: this process and all it starts stay on the runner's cores (confine.py).
+        state["confined"] = confine(job.get("cpus"), no_processes=bool(job.get("no_processes")))
+        _role_run(job, state, send, stdin.readline)
+    elif role == "ref":
+        if job.get("cpus"):
+            pin_threads(job["cpus"])
+        _role_ref(job, send, stdin.readline)
+    sys.stdout.flush()
+    # The channel's write end is also held by the namespace's launcher (unshare), so closing it here is
+    # no end-of-file the parent sees: an explicit last record says that nothing more is coming.
+    send({"kind": "end"})
+    chan.close()
+    # Stay alive until the evaluator lets go (stdin closes, or it kills us): while we live, everything the
+    # candidate started is our descendant, so the evaluator finds it by ancestry.
+    while stdin.readline().get("cmd") != "quit":
+        pass
+    os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks or finalizers must not run late
+
+
+# ------------------------------------------------------------------------------------------ builder
+def _role_build(job: dict, send) -> None:
+    """Exec the candidate with no GPU visible, so its load_inline builds land in the per-source directory."""
+    record = _install_build_defaults(job["build"])
+    t0 = time.perf_counter()
+    try:
+        ns = _exec_source(job["candidate_src"], "<candidate>")
+        ok = "ModelNew" in ns
+        send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"],
+              **_headers_used(record)})
+    except BaseException as e:  # noqa: BLE001 - any failure is reported, never raised
+        if record["error"]:
+            send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0,
+                  **_headers_used(record)})
+        else:  # module-level code that needs the GPU fails here; the run reports it properly
+            send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": True,
+                  "deferred_error": _short_traceback(e), "calls": record["calls"], **_headers_used(record)})
+
+
+def _headers_used(record: dict) -> dict:
+    return {"headers": record.get("headers"), "light": record.get("light")}
+
+
+# ------------------------------------------------------------------------------------------ runner
+def _prepare_runner(prep: dict, send, stdin: LineReader) -> dict:
+    """Everything a runner does before it sees a candidate: torch set up, CUDA and its libraries warm, the
+    reference module loaded. A spare runner does this while no candidate waits.
+
+    This work happens only under the device's lock: a spare takes the file lock itself, unless its job
+    arrives first (the parent holds the lock for it then), so a spare warming up never overlaps a timing.
+    """
+    import torch
+    marks = {"torch_imported": time.time()}
+    device = torch.device(prep["device"])
+    lock = _take_gpu_lock(prep.get("gpu_lock"), stdin)
+    try:
+        _setup_torch(prep, device)
+        a = torch.randn(64, 64, device=device)
+        (a @ a).sum().item()
+        torch.nn.functional.conv2d(a.view(1, 1, 64, 64), a[:3, :3].reshape(1, 1, 3, 3)).sum().item()
+        reset_persisting_l2(device)
+    finally:
+        if lock is not None:
+            lock.close()  # closing the file releases the lock
+    marks["cuda_ready"] = time.time()
+    state = {"device": device, "ref_ns": _exec_source(prep["reference_src"], "<reference>")}
+    marks["reference_ready"] = time.time()
+    send({"kind": "ready", "marks": marks})
+    return state
+
+
+def _take_gpu_lock(path: str | None, stdin: LineReader):
+    """The GPU's file lock, or None as soon as a job line is waiting (its sender holds the lock)."""
+    if not path:
+        return None
+    f = open(path, "a")
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if stdin.wait(0.02):
+                f.close()
+                return None
+
+
+def _role_run(job: dict, state: dict, send, recv) -> None:
+    """The candidate process (also used for the baseline with the reference Model). Used once: the trials,
+    then the batches the parent times, then the outputs it asks for."""
+    import torch
+    device, ref_ns = state["device"], state["ref_ns"]
+    marks = {"job_received": time.time()}
+    try:
+        if job["mode"] == "baseline":
+            cls = ref_ns["Model"]
+        else:
+            _install_build_defaults(dict(job["build"], prebuilt=True))
+            cls = _exec_source(job["candidate_src"], "<candidate>")["ModelNew"]
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "import", "error": _short_traceback(e)})
+        return
+    marks["candidate_loaded"] = time.time()
+    outputs, unmapped = [], []
+    models: dict[tuple, Any] = {}
+    ref_params = list(zip(job.get("ref_names") or [], job.get("ref_shapes") or []))
+    try:
+        for k, spec in enumerate(job["trials"]):
+            key = (spec["weight_seed"], spec["perturb"])
+            if key not in models:
+                models[key], missing = _build_model(cls, ref_ns, spec["weight_seed"], spec["perturb"], device,
+                                                    ref_params if job["mode"] == "candidate" else None)
+                unmapped += missing
+            model = models[key]
+            xs = _make_inputs(ref_ns, spec, device)
+            pristine = _clone_inputs(xs)
+            _poison(device, job["poison_bytes"])
+            with torch.no_grad():
+                out = model(*xs)
+            _sync(device)
+            if not _inputs_unchanged(xs, pristine):  # it must not rewrite its inputs (it runs on copies anyway)
+                send({"kind": "rejected", "error": f"inputs were modified in place (trial {k})"})
+                return
+            tensors, problem = _check_outputs(out, device)
+            if tensors is None:
+                send({"kind": "rejected", "error": problem})
+                return
+            outputs.append(tensors)
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "forward", "error": _short_traceback(e)})
+        return
+    path = os.path.join(job["work_dir"], "trials.pt")
+    torch.save({"outputs": outputs}, path)
+    marks["trials_done"] = time.time()
+    send({"kind": "outputs", "path": path, "unmapped": unmapped, "marks": marks, "confined": state.get("confined")})
+    model = models[(job["trials"][0]["weight_seed"], False)]
+    del models, outputs
+    try:
+        _serve_batches(Batches(model, ref_ns, device, job["on_device"]), send, recv)
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "timing", "error": _short_traceback(e)})
+
+
+def _serve_batches(batches: Batches, send, recv) -> None:
+    """draw / go / digest, as many batches as the parent asks for, then ship."""
+    while True:
+        req = recv()
+        cmd = req.get("cmd")
+        if cmd == "draw":
+            reset_persisting_l2(batches.device)
+            batches.draw(req["seed"], req["n"], req["batch"], req.get("keep"))
+            send({"kind": "drawn"})
+        elif cmd == "go":
+            batches.go()
+            send({"kind": "done"})
+        elif cmd == "digest":
+            send({"kind": "digests", "digests": batches.digest()})
+        elif cmd == "ship":
+            batches.ship(req["path"], req.get("keep"))
+            send({"kind": "shipped"})
+        else:
+            return
+
+
+# ------------------------------------------------------------------------------------------ reference worker
+def _role_ref(job: dict, send, recv) -> None:
+    """Persistent reference worker: device info, reference outputs, its half of every timing, every
+    comparison. Never sees candidates."""
+    import torch
+    device = torch.device(job["device"])
+    _setup_torch(job, device)
+    ref_ns = _exec_source(job["reference_src"], "<reference>")
+    model = _build_model(ref_ns["Model"], ref_ns, 42, False, device, None)[0]
+    small = [(n, p) for n, p in model.named_parameters() if p.dim() <= 1]
+    names, shapes = [n for n, _ in small], [list(p.shape) for _, p in small]
+    models: dict[tuple, Any] = {(42, False): model}
+    prepared: dict[str, list] = {}
+    xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
+    in_bytes = sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+    with torch.no_grad():
+        out = [o for o in _flat(model(*xs)) if isinstance(o, torch.Tensor)]  # CUDA and the kernels warm up
+    out_bytes = sum(o.numel() * o.element_size() for o in out)
+    del xs, out
+    info = {"ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes, "out_bytes": out_bytes,
+            **_device_info(device)}
+    if device.type == "cuda":
+        info["probe_ms"] = sorted(probe_ms(device) for _ in range(7))[3]
+    own_cpus = _affinity()
+    batches: Batches | None = None
+    send({"kind": "ready", **info})
+    while True:
+        req = recv()
+        cmd = req.get("cmd")
+        if cmd == "quit":
+            return
+        try:
+            if cmd == "timing":  # a new conversation: fresh batches, on the runner's cores
+                pin_threads(req.get("cpus") or own_cpus)
+                batches = Batches(_timing_model(ref_ns, models, device), ref_ns, device,
+                                  job.get("on_device", True))
+                reply = {"kind": "timing"}
+            elif cmd == "draw":
+                reset_persisting_l2(device)
+                batches.draw(req["seed"], req["n"], req["batch"], req.get("keep"))
+                send({"kind": "drawn"})   # at once: the parent's clock runs
+                continue
+            elif cmd == "go":
+                batches.go()
+                send({"kind": "done"})
+                continue
+            elif cmd == "digest":
+                batches.digest()
+                send({"kind": "digests"})
+                continue
+            elif cmd == "probe":
+                send({"kind": "probed", "ms": probe_ms(device) if device.type == "cuda" else 0.0})
+                continue
+            elif cmd == "check":
+                reply = {"kind": "checked", "results": batches.check(req["path"], req["items"], req["rtol"],
+                                                                     req["atol"], req["l2_tol"])}
+            elif cmd == "pin":  # back to our own cores (null) after a timing
+                pin_threads(req.get("cpus") or own_cpus)
+                reply = {"kind": "pinned"}
+            elif cmd == "prepare":
+                prepared.clear()  # at most one evaluation's reference outputs are kept
+                held, cap, outs = 0, req.get("max_bytes", 1 << 31), None
+                for item in req["items"]:
+                    outs = _reference_outputs(item, ref_ns, models, device)
+                    held += sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor))
+                    if held > cap:
+                        break  # big outputs: the rest is computed at comparison time, one at a time
+                    prepared[_item_key(item)] = outs
+                del outs
+                reply = {"kind": "prepared", "count": len(prepared)}
+            else:
+                reply = _ref_compare(req, ref_ns, models, prepared, device)
+        except BaseException as e:  # noqa: BLE001
+            reply = {"kind": "error", "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
+        if device.type == "cuda":
+            if cmd not in ("prepare", "timing"):
+                torch.cuda.empty_cache()
+            torch.cuda.synchronize()  # all our GPU work is over before the reply: a timing may start on it
+        send(reply)
+
+
+def _timing_model(ref_ns: dict, models: dict, device):
+    """The reference with the seed-42 weights, as runners time it (the comparisons may have swapped in
+    perturbed weights since)."""
+    key = (42, False)
+    if key not in models:
+        models.clear()
+        models[key] = _build_model(ref_ns["Model"], ref_ns, 42, False, device, None)[0]
+    return models[key]
+
+
+def _affinity() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
+def _item_key(item: dict) -> str:
+    spec = item["spec"]
+    return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], bool(spec["perturb"])])
+
+
+def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
+    import torch
+    spec = item["spec"]
+    key = (spec["weight_seed"], bool(spec["perturb"]))
+    if key not in models:
+        models.clear()  # keep at most one set of weights resident
+        models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], key[1], device, None)[0]
+    xs = _make_inputs(ref_ns, spec, device)
+    with torch.no_grad():
+        return [r.detach() for r in _flat(models[key](*xs))]
+
+
+def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) -> dict:
+    """Compare the trials' saved outputs with the reference's."""
+    import torch
+    loaded = torch.load(req["path"], map_location="cpu", weights_only=True)  # tensors only: nothing executes
+    if not isinstance(loaded, dict):
+        raise ValueError("output file is not a dict")
+    results = []
+    produced = loaded.get(req["field"], [])
+    for item in req["items"]:
+        if item["index"] >= len(produced) or not isinstance(produced[item["index"]], list):
+            results.append({"ok": False, "reason": "an output the evaluator asked for is missing"})
+            continue
+        ref = prepared.pop(_item_key(item), None)
+        if ref is None:
+            ref = _reference_outputs(item, ref_ns, models, device)
+        results.append(compare_outputs(produced[item["index"]], ref, req["rtol"], req["atol"], req["l2_tol"]))
+    return {"kind": "compared", "results": results}
+
+
+def _device_info(device) -> dict:
+    import torch
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device_name": "cpu"}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(device_name=p.name, capability=[p.major, p.minor], total_mem=p.total_memory,
+                    l2_bytes=getattr(p, "L2_cache_size", 50 << 20), sms=p.multi_processor_count,
+                    cudnn=torch.backends.cudnn.version(), mem_bw_bytes_per_s=_copy_bandwidth(device))
+    return info
+
+
+def _copy_bandwidth(device, nbytes: int = 256 << 20, tries: int = 5) -> float:
+    """Bytes moved per second by a device-to-device copy of nbytes (read + write), best of a few."""
+    import torch
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(tries):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (best / 1e3)
+
+
+def _become_subreaper() -> None:
+    """Orphans of our descendants (a daemon that forked twice, setsid or not) are re-parented to us, not to
+    init, so they stay in our tree for the evaluator's sweep."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,37 @@
+"""Cheat class: values that no comparison can hold (NaN) where numbers are expected.
+
+How it cheats: the digest step answers NaN for every call; when a harness compares figures with < and >,
+every comparison with NaN is false and checks skip themselves (samples of NaN once gave status "ok" with
+a NaN speedup).
+Seen: red-team pass on this evaluator (NaN samples).
+Expected outcome: "rejected": digests must be integers, one per call, or the batch is a forgery.
+
+REFERENCE: gn
+EXPECT: rejected
+RULE: forged|digests
+DEVICES: cpu
+"""
+import builtins
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+builtins.exec("""
+import sys
+mod = sys.modules.get("evaluate_kernel.batches")
+if mod is not None:
+    mod.Batches.digest = lambda self: [float("nan")] * len(self.outs)
+""")
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
+
+    def forward(self, x):
+        x_conv = self.conv(x)
+        t = torch.tanh(self.group_norm(x_conv))
+        return torch.logsumexp(x_conv + F.hardswish(t), dim=1, keepdim=True)

@@ -1,0 +1,148 @@
+"""The speedup from the parent's clock (evaluate_kernel.clock): pure functions, tested without workers."""
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from evaluate_kernel import clock
+from evaluate_kernel.clock import Batch
+
+ms = st.floats(min_value=1e-4, max_value=10.0, allow_nan=False)
+
+
+def _batches(side: str, calls: list[float], n: int = 10, draw: float = 0.002, digest: float = 0.001,
+             probe: float = 0.0) -> list[Batch]:
+    return [Batch(side, n, draw=draw, calls=c, digest=digest, probe=probe) for c in calls]
+
+
+@given(st.lists(ms, min_size=1, max_size=40))
+def test_interval_holds_the_median_and_lies_within_the_data(xs):
+    lo, hi = clock.median_interval(xs)
+    assert min(xs) <= lo <= clock._median(xs) <= hi <= max(xs)
+
+
+def test_interval_uses_the_binomial_order_statistics():
+    xs = list(range(1, 11))   # k = 10: P(B <= 1) = 1.1% <= 2.5% < P(B <= 2) = 5.5%: the 2nd and 9th
+    assert clock.median_interval([float(x) for x in xs]) == (2.0, 9.0)
+    assert clock.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) == (1.0, 5.0)   # too few: the whole range
+
+
+@given(st.floats(min_value=0.01, max_value=5.0), st.floats(min_value=0.05, max_value=20.0),
+       st.integers(min_value=1, max_value=64))
+def test_equal_work_reads_as_the_ratio_of_the_calls(ref_s, factor, n):
+    """Bookkeeping the same on both sides cancels: the speedup is exactly the ratio of the calls."""
+    refs = _batches("ref", [ref_s] * 5, n)
+    cands = _batches("cand", [ref_s / factor] * 4, n)
+    f = clock.figures(refs, cands)
+    assert math.isclose(f.speedup, factor, rel_tol=1e-9)
+    assert math.isclose(f.runtime_ms * factor, f.baseline_ms, rel_tol=1e-9)
+    assert f.low == f.high == f.speedup and f.noise == 0.0
+
+
+@given(st.floats(min_value=0.0, max_value=1.0), st.sampled_from(["draw", "digest", "probe"]))
+def test_work_moved_into_bookkeeping_is_charged_in_full(moved_fraction, phase):
+    """A candidate that does part of its calls while drawing, digesting or in a tail on the GPU gains
+    nothing: the phase's excess over the reference's usual is added back to its calls."""
+    calls = 0.020
+    refs = _batches("ref", [calls] * 7)
+    honest = clock.figures(refs, _batches("cand", [calls] * 6))
+    cheat = _batches("cand", [calls * (1 - moved_fraction)] * 6)
+    for b in cheat:
+        setattr(b, phase, getattr(b, phase) + calls * moved_fraction)
+    f = clock.figures(refs, cheat)
+    assert math.isclose(f.speedup, honest.speedup, rel_tol=1e-9)
+
+
+@given(st.floats(min_value=0.0, max_value=0.003), st.floats(min_value=0.0, max_value=0.0005))
+def test_faster_bookkeeping_earns_at_most_the_references_own_spread(saved, spread):
+    """A harness made faster than the harness: the draw counts no shorter than the reference's shortest."""
+    refs = [Batch("ref", 10, draw=0.003 + spread * (i % 2), calls=0.02) for i in range(7)]
+    fast = _batches("cand", [0.02] * 6, draw=0.003 - saved)
+    f = clock.figures(refs, fast)
+    usual = clock.typical(refs[1:])["draw"][0]
+    assert f.speedup <= 0.02 / (0.02 - (usual - 0.003)) + 1e-9
+
+
+@settings(max_examples=30)
+@given(st.integers(min_value=0, max_value=2**31 - 1), st.floats(min_value=0.1, max_value=3.0))
+def test_noisy_bookkeeping_is_no_advantage_to_moved_work(seed, draw_over_calls):
+    """Bookkeeping noise costs an honest candidate no more than a cheat that moved work into it (cutting
+    phases at zero did: the honest side paid the upper half of its noise, the cheat none)."""
+    rng = random.Random(seed)
+    calls = 0.01
+    noise = [rng.uniform(0.8, 1.2) for _ in range(40)]   # the same draws for both: only the trick differs
+
+    def noisy(side, k, moved=0.0):
+        return [Batch(side, 10, draw=calls * draw_over_calls * noise[i % 40] + moved, calls=calls - moved)
+                for i in range(k)]
+
+    refs = [Batch("ref", 10, draw=calls * draw_over_calls * rng.uniform(0.8, 1.2), calls=calls) for _ in range(41)]
+    honest = clock.figures(refs, noisy("cand", 40)).speedup
+    cheat = clock.figures(refs, noisy("cand", 40, moved=calls / 2)).speedup
+    assert cheat <= honest * 1.002   # only where the honest side fell below the reference's shortest
+
+
+@settings(max_examples=50)
+@given(st.floats(min_value=0.5, max_value=2.0), st.integers(min_value=0, max_value=2**31 - 1))
+def test_drift_that_moves_both_sides_cancels(true_speedup, seed):
+    """The machine slows down steadily (or in steps): alternated pairs see it on both sides."""
+    rng = random.Random(seed)
+    step, at = rng.uniform(0.0, 0.5), rng.randrange(41)
+    slow = [1.0 + 0.5 * i / 40 + step * (i >= at) for i in range(41)]
+    refs = _batches("ref", [0.02 * slow[2 * i] for i in range(21)])
+    cands = _batches("cand", [0.02 / true_speedup * slow[2 * i + 1] for i in range(20)])
+    f = clock.figures(refs, cands)
+    assert abs(f.speedup / true_speedup - 1) < 0.02
+
+
+def test_warm_up_pair_does_not_count():
+    refs = _batches("ref", [0.02] * 4)
+    cands = _batches("cand", [1.0, 0.01, 0.01])   # a slow first batch (cold caches, allocations)
+    f = clock.figures(refs, cands)
+    assert f.pairs == 2 and math.isclose(f.speedup, 2.0)
+    assert clock.figures(refs[:2], cands[:1]) is None
+
+
+def test_stopping_rule():
+    refs = _batches("ref", [0.02] * 9)
+    noisy = _batches("cand", [0.02 * (1 + 0.1 * (-1) ** i) for i in range(8)])
+    assert not clock.enough(clock.figures(refs, noisy), 0.005, 6)
+    steady = _batches("cand", [0.01] * 8)
+    assert clock.enough(clock.figures(refs, steady), 0.005, 6)
+    assert not clock.enough(clock.figures(refs[:5], steady[:4]), 0.005, 6)   # too few pairs yet
+    assert not clock.enough(None, 0.005, 6)
+
+
+@given(ms, st.one_of(st.none(), ms), st.integers(min_value=1, max_value=1 << 30))
+def test_calls_per_batch_bounds(ref_ms, cand_ms, per_call):
+    n = clock.calls_per_batch(ref_ms, cand_ms, per_call, 20.0, 250.0, 4 << 30)
+    assert n >= 1
+    times = [t for t in (ref_ms, cand_ms) if t]
+    if n > 1:
+        assert n * max(times) <= 250.0 + 1e-9 and n * per_call <= 4 << 30
+        assert n <= math.ceil(20.0 / min(times))
+
+
+def test_calls_per_batch_sizes_for_the_faster_side():
+    assert clock.calls_per_batch(1.0, 0.1, 1, 20.0, 250.0, 1 << 30) == 200     # 20 ms of the faster
+    assert clock.calls_per_batch(1.0, 10.0, 1, 20.0, 250.0, 1 << 30) == 20     # 25 x 10 ms would pass 250
+    assert clock.calls_per_batch(0.01, None, 1 << 20, 20.0, 250.0, 64 << 20) == 64   # memory-bound
+
+
+def test_figures_need_alternation():
+    import pytest
+    with pytest.raises(ValueError):
+        clock.figures(_batches("ref", [0.02] * 3), _batches("cand", [0.02] * 3))
+
+
+@given(st.lists(st.floats(min_value=0.001, max_value=0.1), min_size=6, max_size=30))
+def test_speedup_and_interval_are_finite_and_positive(calls):
+    assume(len(calls) % 2 == 1)
+    k = len(calls) // 2
+    f = clock.figures(_batches("ref", calls[:k + 1]), _batches("cand", calls[k + 1:]))
+    assume(f is not None)
+    for v in (f.speedup, f.low, f.high, f.runtime_ms, f.baseline_ms):
+        assert math.isfinite(v) and v > 0
