@@ -1,15 +1,15 @@
 """Worker side: one batch of calls, step by step as the parent times it (clock.py), the same code in the
 runner (the candidate's process) and in the reference worker, so bookkeeping costs both sides alike.
 
-    draw(seed, n, keep)   keep the named outputs of the previous batch, free the rest; draw n input sets
-                          from the seed (each call gets inputs of its own: nothing to answer from a cache)
+    draw(seed, n, keep)   free the last batch; draw n input sets from the seed (each call gets inputs of its
+                          own: nothing to answer from a cache)
     go()                  n calls back to back, every output held, one synchronise
     digest()              a digest of every output's bits (common.digests): the commitment
-    ship(path)            the kept outputs to a file, for the reference worker to check
+    ship(path, calls)     (runner) the named outputs of this batch to a file, for the reference worker
 
 In the runner nothing here is trusted: the parent's clock brackets each step, and a step that does another
-step's work is charged for it. The reference worker keeps the outputs of the same calls of its own batch
-on the same inputs; check() compares the shipped ones with them and with their digests.
+step's work is charged for it. The reference worker, told in advance (keep), holds its own outputs of the
+same calls on the same inputs; check() compares the shipped ones with them and with their digests.
 """
 from __future__ import annotations
 
@@ -33,12 +33,10 @@ class Batches:
         self.keep_now: list[int] = []
 
     def draw(self, seed: int, n: int, batch: int, keep: dict | None = None) -> None:
-        """keep: {"batch": b, "calls": [...]}, for the previous batch (the runner learns it only now) or for
-        this one (the reference worker is told in advance)."""
+        """keep: {"batch": b, "calls": [...]}: outputs of this batch to hold for check() (the reference
+        worker's, told in advance)."""
         import torch
         keep = keep or {}
-        if keep.get("batch") == self.batch:
-            self._keep(keep["calls"])
         self.outs, self.sets, self.pads = [], [], []
         self.batch, self.keep_now = batch, list(keep.get("calls", [])) if keep.get("batch") == batch else []
         with torch.no_grad():
@@ -81,11 +79,12 @@ class Batches:
             self.keep_now = []
         return values
 
-    def ship(self, path: str, keep: dict | None = None) -> None:
+    def ship(self, path: str, calls: list[int]) -> None:
         import torch
-        if keep and keep.get("batch") == self.batch:
-            self._keep(keep["calls"])
+        self.kept = {}
+        self._keep(calls)
         torch.save({"kept": {k: [o.detach().cpu() for o in v] for k, v in self.kept.items()}}, path)
+        self.kept = {}
 
     def check(self, path: str, items: list[dict], rtol: float, atol: float, l2_tol: float) -> list[dict]:
         """(Reference worker.) The shipped outputs against ours for the same calls, and against the digests
@@ -95,7 +94,7 @@ class Batches:
         shipped = loaded.get("kept", {}) if isinstance(loaded, dict) else {}
         results = []
         for item in items:
-            got, ref = shipped.get(item["key"]), self.kept.get(item["key"])
+            got, ref = shipped.get(item["key"]), self.kept.pop(item["key"], None)
             if not isinstance(got, list) or ref is None:
                 results.append({"ok": False, "reason": "an output the evaluator asked for is missing"})
                 continue

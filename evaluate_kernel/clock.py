@@ -12,10 +12,13 @@ step and reads its own clock when it sends and when the answer arrives:
 A batch's cost is its calls plus, for each bookkeeping phase, how much longer it took than that phase
 typically takes the reference (the median of the reference's batches): work moved out of the calls into
 drawing, digesting or a tail left running on the GPU is charged in full to the calls it served. A phase
-shorter than usual counts as negative, down to the shortest the reference itself took: so honest noise
-averages out on both sides (cutting at zero would charge each side the upper half of its noise and spare a
-cheat whose moved work lifts the phase above it), and a side that does the harness's bookkeeping faster
-than the harness gains at most the reference's own spread. cost_ms = that / n.
+shorter than usual earns nothing: a candidate that replaces the harness's bookkeeping with a faster one
+(the same inputs from one generator call, say) gains nothing by it; crediting a shorter phase, even down
+to the reference's own shortest, paid such a candidate the reference's spread (1.15x on a 80 us call
+whose draw took four times its calls). The same rule applies to the reference's batches, so honest noise
+costs both sides alike (the upper half of each phase's spread); what the rule leaves to a cheat is that
+upper half, about 0.4 of the phase's spread, where a batch's draw or digest is long next to its calls.
+cost_ms = that / n.
 
 The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads),
 read by the parent from the kernel, so a busy neighbour that takes the core adds nothing (the runner may
@@ -62,16 +65,14 @@ class Figures:
         return (self.high - self.low) / 2 / self.speedup
 
 
-def typical(refs: list[Batch]) -> dict[str, tuple[float, float]]:
-    """Per bookkeeping phase, what it typically takes the reference (the median over its batches) and the
-    least it took."""
-    return {p: (_median([getattr(b, p) for b in refs]), min(getattr(b, p) for b in refs)) for p in BOOKKEEPING}
+def typical(refs: list[Batch]) -> dict[str, float]:
+    """What each bookkeeping phase typically takes the reference: the median over its batches."""
+    return {p: _median([getattr(b, p) for b in refs]) for p in BOOKKEEPING}
 
 
-def cost_ms(b: Batch, usual: dict[str, tuple[float, float]]) -> float:
-    """A batch's cost per call: its calls plus every bookkeeping phase's difference from the usual, no
-    lower than the reference's own shortest."""
-    extra = sum(max(getattr(b, p), least) - median for p, (median, least) in usual.items())
+def cost_ms(b: Batch, usual: dict[str, float]) -> float:
+    """A batch's cost per call: its calls plus every bookkeeping phase's excess over the usual."""
+    extra = sum(max(0.0, getattr(b, p) - usual[p]) for p in BOOKKEEPING)
     return (b.calls + extra) / b.n * 1e3
 
 

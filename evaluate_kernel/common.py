@@ -134,15 +134,24 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
 def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 256 << 20) -> list[int]:
     """A 64-bit commitment to the exact bits of each call's outputs (calls: one list of tensors per call).
 
-    Per output k: the sum over its elements of bits * w (w odd, from the element's index), in int64 (wrapping,
-    so the order of the sum does not matter), times 2k + 3; a call's digest is the sum over its outputs. One
-    pass over the outputs on their device, no copy to the host, exact on any device. Calls whose outputs
-    have the same shapes and dtypes are stacked (chunk_bytes of outputs at a time), so a batch of n calls
-    costs a few kernels, not a few per call; a single call's digest is the same number. The runner sends
-    them before the parent names the outputs it will check, and the reference worker recomputes the digest
-    of what was shipped: an output shipped later must be bit-identical to the one that existed then.
-    `weights` caches w per (size, device).
+    A sum of per-element terms would be linear: a candidate could ship a right output afterwards and tune
+    low bits until it matched a digest committed for garbage. So: on the CPU, BLAKE2b over the outputs'
+    bytes (with their shapes and dtypes); on a GPU, where copying every output to the host would cost more
+    than the calls, a hash tree computed in place: every element's bits, mixed with its index, go through
+    a 64-bit mixer (splitmix64's finaliser), then neighbours are combined and mixed again, level by level,
+    down to one value, and a call's outputs are chained in order. Changing any element changes every value
+    above it unpredictably, so matching a committed digest means recomputing the same bits. Exact
+    (integer arithmetic wraps) on any GPU. Calls whose outputs have the same shapes and dtypes are stacked
+    (chunk_bytes of outputs at a time), so a batch of n calls costs a few kernels per level, not per call;
+    a single call's digest is the same number. `weights` caches the index terms per (size, device).
     """
+    if all(o.device.type == "cpu" for outs in calls for o in outs):
+        return [_blake(outs) for outs in calls]
+    return tree_digests(calls, weights, chunk_bytes)
+
+
+def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 256 << 20) -> list[int]:
+    """The GPU's digest (see digests), on whatever device the outputs are."""
     import torch
     weights = {} if weights is None else weights
     out: list[int] = [0] * len(calls)
@@ -150,19 +159,20 @@ def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 2
     for i, outs in enumerate(calls):
         groups.setdefault(tuple((tuple(o.shape), o.dtype, str(o.device)) for o in outs), []).append(i)
     for signature, members in groups.items():
-        size = max(1, sum(o.numel() * 16 for o in calls[members[0]]))   # the int64 products, with headroom
+        size = max(1, sum(o.numel() * 24 for o in calls[members[0]]))   # int64 work tensors, with headroom
         step = max(1, chunk_bytes // size)
         for start in range(0, len(members), step):
             chunk = members[start:start + step]
-            total = None
+            total = torch.full((len(chunk),), _SEED, dtype=torch.int64, device=calls[chunk[0]][0].device) \
+                if signature else None
             for k in range(len(signature)):
                 bits = _bits(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
                 key = (bits.shape[1], str(bits.device))
                 if key not in weights:
                     idx = torch.arange(bits.shape[1], dtype=torch.int64, device=bits.device)
-                    weights[key] = ((idx * 0x1E3779B97F4A7C15 + 0x232BE59BD9B4E019) >> 17) | 1
-                d = (bits.to(torch.int64) * weights[key]).sum(dim=1) * (2 * k + 3)
-                total = d if total is None else total + d
+                    weights[key] = idx * _GOLDEN + _SEED
+                root = _tree(_mix(bits.to(torch.int64) + weights[key]))
+                total = _mix(total * _GOLDEN + root)
             values = total.tolist() if total is not None else [0] * len(chunk)
             for i, v in zip(chunk, values):
                 out[i] = int(v)
@@ -172,6 +182,53 @@ def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 2
 def output_digest(outs: list, weights: dict | None = None) -> int:
     """digests() of one call."""
     return digests([list(outs)], weights)[0]
+
+
+def _blake(outs: list) -> int:
+    import torch
+    h = hashlib.blake2b(digest_size=8)
+    for o in outs:
+        h.update(f"{tuple(o.shape)}{o.dtype};".encode())
+        flat = o.detach().contiguous().reshape(-1)
+        if flat.numel():
+            h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_GOLDEN, _SEED = _signed(0x9E3779B97F4A7C15), _signed(0x232BE59BD9B4E019)
+_M1, _M2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _shr(x, s: int):
+    """Logical right shift of int64 values (torch's >> on int64 is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x):
+    """splitmix64's finaliser, elementwise on an int64 tensor (a bijection with full avalanche)."""
+    x = x ^ _shr(x, 30)
+    x = x * _M1
+    x = x ^ _shr(x, 27)
+    x = x * _M2
+    return x ^ _shr(x, 31)
+
+
+def _tree(v):
+    """[m, n] -> [m]: neighbours combined and mixed, level by level (an odd one out is carried up)."""
+    while v.shape[1] > 1:
+        if v.shape[1] % 2:
+            v = _pad_odd(v)
+        v = _mix(v[:, 0::2] * _GOLDEN + v[:, 1::2])
+    return v[:, 0] if v.shape[1] else v.new_zeros(v.shape[0])
+
+
+def _pad_odd(v):
+    import torch
+    return torch.cat([v, v[:, -1:] ^ _M2], dim=1)
 
 
 def _bits(flat):

@@ -8,8 +8,9 @@ Public flow, Evaluation.run():
               whenever it is not its turn, and on a GPU the reference worker waits until the device is
               idle before the reference runs, the wait charged to the batch before it; until the
               speedup's interval is narrow enough (or the pairs or the time run out)
-    verify    the runner ships the outputs of calls chosen after their digests arrived; the reference
-              worker checks them against its own outputs on the same inputs, and against the digests
+    verify    after every candidate batch, untimed: the runner ships the outputs of calls chosen once
+              their digests arrived; the reference worker, having run the same inputs in its next batch,
+              checks them against its own outputs and against the digests
     verdict   every figure finite and positive, or a rejection that says which
 
 Nothing the runner says is believed: its outputs count as the reference worker judges them; its only
@@ -29,7 +30,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 
 from . import clock
-from .common import _DISTS, _PEAKS, EvalResult
+from .common import _DISTS, _PEAKS, EvalResult, _remove
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
 from .sandbox import find_processes, kill_processes
@@ -105,11 +106,6 @@ class Evaluation:
             t = self._mark("timing", t)
             if isinstance(timed, EvalResult):
                 return timed
-            if self.mode == "candidate":
-                bad = self._verify(timed)
-                self._mark("verify", t)
-                if bad is not None:
-                    return bad
             return self._verdict(timed)
         except _Answered as e:
             return _failure(e.msg, self.details)
@@ -143,40 +139,44 @@ class Evaluation:
             bad = self._freeze()
             if bad is not None:
                 return bad
-            cands, digests, chosen_keys, keep = [], [], [], None
+            cands, checks = [], []
             ref_ms = dev.ref_ms
             if ref_ms is None:   # the baseline's run: the reference alone first, to size the batches
                 r0 = self._calibrate(budget, per_call_bytes)
                 ref_ms = r0.calls / r0.n * 1e3
             n = clock.calls_per_batch(ref_ms, None, per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget)
             refs = [r0] if dev.ref_ms is None else [self._ref_batch(secrets.randbits(31), n, -1, None)]
-            started, kept_bytes, f = time.monotonic(), 0, None
+            started, f = time.monotonic(), None
             for i in range(opts.max_pairs + 1):
                 seed = secrets.randbits(31)
-                c, values = self._cand_batch(seed, n, i, keep)
+                c, values = self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
                     return c
                 cands.append(c)
-                digests.append(values)
                 if i == 0:   # the warm-up pair fixes n from both sides' speed
                     n_next = clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical(refs[-1:])), per_call_bytes,
                                                    opts.batch_ms, opts.max_batch_ms, budget)
                 else:
                     n_next = n
-                out_bytes = int(dev.info.get("out_bytes", 1))
-                chosen = self._choose(c.n, n_next, kept_bytes, budget // 2, out_bytes)
-                kept_bytes += len(chosen) * out_bytes
-                chosen_keys += [(i, j) for j in chosen]
-                keep = {"batch": i, "calls": chosen}
-                refs.append(self._ref_batch(seed, n_next, i, keep))
+                # The calls to check, chosen now that their digests are in; shipped before the runner stops.
+                chosen = self._choose(c.n, n_next)
+                path = os.path.join(self.job["work_dir"], f"shipped-{i}.pt")
+                self.w.send({"cmd": "ship", "path": path, "calls": chosen})
+                self._reply("shipped")
+                bad = self._stop_runner(c)
+                if bad is not None:
+                    return bad
+                refs.append(self._ref_batch(seed, n_next, i, {"batch": i, "calls": chosen}))
+                bad = self._check(path, [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen], checks)
+                if bad is not None:
+                    return bad
                 n = n_next
                 f = clock.figures(refs, cands)
                 if clock.enough(f, target, opts.min_pairs) or time.monotonic() - started > budget_s:
                     break
             if gpu:
                 self.details["probe_idle_ms"] = dev.info.get("probe_ms")
-            return {"figures": f, "refs": refs, "cands": cands, "digests": digests, "keep": keep,
-                    "chosen": chosen_keys}
+            return {"figures": f, "refs": refs, "cands": cands}
         finally:
             self._thaw()
             dev.ref_call({"cmd": "pin", "cpus": None})
@@ -215,13 +215,13 @@ class Evaluation:
             self._drain(b, time.monotonic())
         return b
 
-    def _cand_batch(self, seed: int, n: int, batch: int, keep: dict | None):
-        """One batch of the runner's, then the runner stopped and (GPU) the device drained."""
+    def _cand_batch(self, seed: int, n: int, batch: int):
+        """One batch of the runner's: (Batch, the digests it committed to) or (a rejection, None)."""
         b = clock.Batch("cand", n)
         self._thaw()
         now = self._clock(self.main)
         t = now()
-        self.w.send({"cmd": "draw", "seed": seed, "n": n, "batch": batch, "keep": keep})
+        self.w.send({"cmd": "draw", "seed": seed, "n": n, "batch": batch})
         self._reply("drawn")
         t = self._lap(b, "draw", t, now)
         self.w.send({"cmd": "go"})
@@ -233,14 +233,15 @@ class Evaluation:
         values = msg.get("digests")
         if not isinstance(values, list) or len(values) != n or not all(type(v) is int for v in values):
             return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
-        bad = self._freeze()
-        if bad is not None:
-            return bad, None
-        if self.ev.device == "cuda":
-            bad = self._drain(b, time.monotonic())
-            if bad is not None:
-                return bad, None
         return b, values
+
+    def _stop_runner(self, b: clock.Batch) -> EvalResult | None:
+        """The runner stopped, and (GPU) the device drained before the reference runs: the wait is the
+        candidate batch's probe step."""
+        bad = self._freeze()
+        if bad is None and self.ev.device == "cuda":
+            bad = self._drain(b, time.monotonic())
+        return bad
 
     def _drain(self, b: clock.Batch, t: float) -> EvalResult | None:
         """(GPU) Probe until a trivial kernel of the reference worker's runs at once: the device holds no
@@ -292,30 +293,24 @@ class Evaluation:
             except ProcessLookupError:
                 pass
 
-    def _choose(self, n_cand: int, n_ref: int, kept_bytes: int, cap: int, out_bytes: int) -> list[int]:
-        """The calls whose outputs will be checked, chosen now that their digests are in."""
-        k = min(self.opts.verify_per_batch, n_cand, n_ref)
-        if kept_bytes + k * out_bytes > cap and kept_bytes > 0:
-            k = 0
-        return sorted(secrets.SystemRandom().sample(range(min(n_cand, n_ref)), k)) if k else []
+    def _choose(self, n_cand: int, n_ref: int) -> list[int]:
+        """The calls whose outputs will be checked, chosen now that their digests are in: every batch, so
+        no batch is known in advance to go unchecked."""
+        k = max(1, min(self.opts.verify_per_batch, n_cand, n_ref))
+        return sorted(secrets.SystemRandom().sample(range(min(n_cand, n_ref)), k))
 
     # ------------------------------------------------------------------------------------------ verify, verdict
-    def _verify(self, timed: dict) -> EvalResult | None:
-        """The chosen outputs against the reference worker's on the same inputs and against their digests.
-        An empty or short verification is a failure, never a pass."""
-        path = os.path.join(self.job["work_dir"], "shipped.pt")
-        self._thaw()
-        self.w.send({"cmd": "ship", "path": path, "keep": timed["keep"]})
-        self._reply("shipped")
-        items = [{"key": f"{b}:{j}", "digest": timed["digests"][b][j]} for b, j in timed["chosen"]]
-        if not items:
-            return _forged(self.details, "no timed output could be verified")
+    def _check(self, path: str, items: list[dict], checks: list) -> EvalResult | None:
+        """The shipped outputs against the reference worker's for the same calls (its last batch ran the
+        same inputs) and against the digests the runner committed to. An empty or short check fails."""
         reply = self.dev.ref_call({"cmd": "check", "path": path, "items": items, "rtol": self.ev.rtol,
                                    "atol": self.ev.atol, "l2_tol": self.ev.l2_tol})
+        _remove(path)
         results = reply.get("results") or []
-        if reply.get("kind") != "checked" or len(results) != len(items):
+        if not items or reply.get("kind") != "checked" or len(results) != len(items):
             return _forged(self.details, "the timed outputs could not be verified")
-        self.details["timed_checks"] = [{"call": it["key"], "ok": r["ok"]} for it, r in zip(items, results)]
+        checks += [{"call": it["key"], "ok": r["ok"]} for it, r in zip(items, results)]
+        self.details["timed_checks"] = checks
         for it, r in zip(items, results):
             if not r["ok"]:
                 return EvalResult("incorrect", message=f"timed call {it['key']} (batch:call) returned a wrong result "
@@ -350,7 +345,9 @@ class Evaluation:
                                                            "items": items})
 
     def _check_trials(self, msg: dict) -> EvalResult | None:
-        missing = msg.get("unmapped") or []
+        missing = [str(m)[:100] for m in msg.get("unmapped") or []] if isinstance(msg.get("unmapped"), list) else []
+        if not isinstance(msg.get("path"), str):
+            return _forged(self.details, "the runner's trial outputs came without a file")
         if any(s["perturb"] for s in self.specs) and missing:
             return EvalResult("incorrect", message="the perturbed-weights trial cannot run: the reference's "
                               f"parameters {', '.join(missing[:6])} have no counterpart in ModelNew (by name, or by "
@@ -399,13 +396,14 @@ class Evaluation:
         return now
 
     def _note_runner(self, msg: dict, sent: float) -> None:
-        marks = msg.get("marks", {})
+        marks = msg.get("marks")
+        marks = marks if isinstance(marks, dict) and all(isinstance(v, (int, float)) for v in marks.values()) else {}
         if {"job_received", "candidate_loaded", "trials_done"} <= set(marks):  # the runner's clock: display only
             self.phases["runner_start"] = round(max(0.0, marks["job_received"] - sent), 3)
             self.phases["load"] = round(marks["candidate_loaded"] - marks["job_received"], 3)
             self.phases["trials"] = round(marks["trials_done"] - marks["candidate_loaded"], 3)
         if msg.get("confined") is not None:
-            self.details["confined"] = msg["confined"] or "yes"
+            self.details["confined"] = str(msg["confined"] or "yes")[:200]
 
 
 class _Answered(Exception):
@@ -466,14 +464,14 @@ def _forged(details: dict, what: str) -> EvalResult:
 
 
 def _failure(msg: dict, details: dict) -> EvalResult:
-    kind, err = msg.get("kind"), msg.get("error", "")
+    kind, err = str(msg.get("kind"))[:40], str(msg.get("error", ""))[:2000]
     if kind == "rejected":
         return EvalResult("rejected", message=f"rejected: {err}", details=details)
     if kind != "error":
         return _forged(details, f"the runner answered {kind!r} out of turn")
     if "out of memory" in err.lower():
         err = "out of memory: " + err
-    where = msg.get("where", "run")
+    where = str(msg.get("where", "run"))[:40]
     status = "invalid" if where == "import" and "ModelNew" in err and "KeyError" in err else "runtime_error"
     return EvalResult(status, message=f"{where}: {err}", details=dict(details, error=err))
 

@@ -424,19 +424,24 @@ class Evaluator:
             bad = self._tamper_verdict(tampered, None, details)
             if bad is not None:
                 return bad
-            details["compile_s"] = round(msg.get("compile_s", time.monotonic() - t0), 3)
-            if msg.get("headers"):
+            # The builder ran candidate code: every field it sent is checked for its type before use.
+            compile_s = msg.get("compile_s")
+            details["compile_s"] = round(compile_s if isinstance(compile_s, (int, float)) else time.monotonic() - t0, 3)
+            if isinstance(msg.get("headers"), str):
                 details["build_headers"] = msg["headers"]
-            if msg.get("light"):
+            if isinstance(msg.get("light"), dict):
                 details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
+            if msg.get("kind") not in ("built", "compile_error"):
+                return EvalResult("rejected", message=f"rejected: the build process answered "
+                                  f"{str(msg.get('kind'))[:40]!r}, not a build result (forged result)", details=details)
             if msg["kind"] == "compile_error":
                 # After a failed light-header build only the real header's errors count (they are what
                 # torch's own build of this source would say).
-                log = w.log_tail(200000).rsplit(FULL_HEADER_RETRY, 1)[-1] + "\n" + msg["error"]
+                log = w.log_tail(200000).rsplit(FULL_HEADER_RETRY, 1)[-1] + "\n" + str(msg.get("error", ""))
                 details["compiler_output"] = log[-20000:]
                 return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
             if msg.get("deferred_error"):
-                details["build_note"] = msg["deferred_error"]
+                details["build_note"] = str(msg["deferred_error"])[:2000]
             # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
             # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
             self._built[h] = library_digest(os.path.dirname(marker))

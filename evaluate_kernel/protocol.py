@@ -122,7 +122,7 @@ class Worker:
                 line, self._buf = self._buf.split(b"\n", 1)
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # garbage or a nesting bomb on the pipe: not a message
                     continue
                 if isinstance(msg, dict) and msg.get("nonce") == self.nonce:
                     return msg

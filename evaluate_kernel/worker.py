@@ -213,7 +213,7 @@ def _serve_batches(batches: Batches, send, recv) -> None:
         cmd = req.get("cmd")
         if cmd == "draw":
             reset_persisting_l2(batches.device)
-            batches.draw(req["seed"], req["n"], req["batch"], req.get("keep"))
+            batches.draw(req["seed"], req["n"], req["batch"])
             send({"kind": "drawn"})
         elif cmd == "go":
             batches.go()
@@ -221,7 +221,7 @@ def _serve_batches(batches: Batches, send, recv) -> None:
         elif cmd == "digest":
             send({"kind": "digests", "digests": batches.digest()})
         elif cmd == "ship":
-            batches.ship(req["path"], req.get("keep"))
+            batches.ship(req["path"], list(req.get("calls") or []))
             send({"kind": "shipped"})
         else:
             return

@@ -56,34 +56,34 @@ def test_work_moved_into_bookkeeping_is_charged_in_full(moved_fraction, phase):
     assert math.isclose(f.speedup, honest.speedup, rel_tol=1e-9)
 
 
-@given(st.floats(min_value=0.0, max_value=0.003), st.floats(min_value=0.0, max_value=0.0005))
-def test_faster_bookkeeping_earns_at_most_the_references_own_spread(saved, spread):
-    """A harness made faster than the harness: the draw counts no shorter than the reference's shortest."""
-    refs = [Batch("ref", 10, draw=0.003 + spread * (i % 2), calls=0.02) for i in range(7)]
+@given(st.floats(min_value=0.0, max_value=0.003))
+def test_faster_bookkeeping_earns_nothing(saved):
+    """A harness made faster than the harness (the same inputs from one generator call, say)."""
+    refs = _batches("ref", [0.02] * 7, draw=0.003)
     fast = _batches("cand", [0.02] * 6, draw=0.003 - saved)
-    f = clock.figures(refs, fast)
-    usual = clock.typical(refs[1:])["draw"][0]
-    assert f.speedup <= 0.02 / (0.02 - (usual - 0.003)) + 1e-9
+    assert math.isclose(clock.figures(refs, fast).speedup, 1.0, rel_tol=1e-9)
 
 
 @settings(max_examples=30)
 @given(st.integers(min_value=0, max_value=2**31 - 1), st.floats(min_value=0.1, max_value=3.0))
-def test_noisy_bookkeeping_is_no_advantage_to_moved_work(seed, draw_over_calls):
-    """Bookkeeping noise costs an honest candidate no more than a cheat that moved work into it (cutting
-    phases at zero did: the honest side paid the upper half of its noise, the cheat none)."""
+def test_moved_work_gains_at_most_the_lower_half_of_the_bookkeeping_noise(seed, draw_over_calls):
+    """Work moved into a noisy phase lifts it above the usual, so its noise is no longer cut at zero: what
+    the cheat saves over its twin is at most the noise below the usual (about 0.4 of the phase's spread
+    on average), never the moved work."""
     rng = random.Random(seed)
     calls = 0.01
     noise = [rng.uniform(0.8, 1.2) for _ in range(40)]   # the same draws for both: only the trick differs
-
-    def noisy(side, k, moved=0.0):
-        return [Batch(side, 10, draw=calls * draw_over_calls * noise[i % 40] + moved, calls=calls - moved)
-                for i in range(k)]
-
     refs = [Batch("ref", 10, draw=calls * draw_over_calls * rng.uniform(0.8, 1.2), calls=calls) for _ in range(41)]
-    honest = clock.figures(refs, noisy("cand", 40)).speedup
-    cheat = clock.figures(refs, noisy("cand", 40, moved=calls / 2)).speedup
-    assert cheat <= honest * 1.002   # only where the honest side fell below the reference's shortest
 
+    def side(moved: float) -> list[Batch]:
+        return [Batch("cand", 10, draw=calls * draw_over_calls * noise[i] + moved, calls=calls - moved)
+                for i in range(40)]
+
+    honest = clock.figures(refs, side(0.0))
+    cheat = clock.figures(refs, side(calls / 2))
+    usual = clock.typical(refs[1:])["draw"]
+    below = max(max(0.0, usual - calls * draw_over_calls * x) for x in noise[1:])
+    assert cheat.runtime_ms >= honest.runtime_ms - below / 10 * 1e3 - 1e-9   # the moved work is charged
 
 @settings(max_examples=50)
 @given(st.floats(min_value=0.5, max_value=2.0), st.integers(min_value=0, max_value=2**31 - 1))
