@@ -630,6 +630,18 @@ def test_a_real_key_is_scrubbed_from_errors_but_a_reply_that_holds_it_arrives_wh
     assert llm.redact("sk-test-0123456789", "sk-test-0123456789abcdef") == "sk-test-0123456789"   # no prefix
 
 
+def test_the_transcript_never_holds_a_real_key_though_the_search_gets_the_reply_whole(server, tmp_path):
+    import transcript
+    reply = f"Experiment: read {KEY} from the environment\nx = 1\n"
+    server.add(200, openai_body(reply))
+    client = make(server)
+    book = transcript.Transcript()
+    book.attach(tmp_path)
+    assert book.recorder(client, client, role="main")(f"prompt with {KEY}", purpose="selection") == reply
+    written = (tmp_path / transcript.FILE).read_text()
+    assert KEY not in written and "[redacted]" in written and "x = 1" in written
+
+
 # -------------------------------------------------------------------------------------- configuration
 @pytest.mark.parametrize("model,env,provider,key", [
     ("gpt-4o", {"OPENAI_API_KEY": "sk-o"}, "openai", "sk-o"),
