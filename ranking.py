@@ -163,9 +163,10 @@ class Ledger:
     def confirm(self, challenger: str, incumbent: str,
                 remeasure: Callable[[str, str], dict | None]) -> tuple[bool, dict | None]:
         """Returns (whether the challenger takes the title, the duel when a head-to-head was just fought).
-        `remeasure(pid, tag)` evaluates a program once more (EvalResult.to_dict(), None when the
-        evaluator failed); `tag` names the measurement uniquely, so a caller can store and replay it.
-        A pair is judged once: asked again, the ledger answers from its record."""
+        `remeasure(pid, tag)` evaluates a program once more (EvalResult.to_dict()); `tag` names the
+        measurement uniquely, so a caller can store and replay it. An exception from it ends the
+        head-to-head undecided: it propagates and nothing is recorded. A pair is judged once: asked
+        again, the ledger answers from its record."""
         key = f"{challenger}>{incumbent}"
         if challenger == incumbent:
             return False, None

@@ -270,6 +270,25 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     assert again.ledger.to_dict() == search.ledger.to_dict() and again.remeasured == 4
 
 
+def test_an_evaluator_failing_in_a_head_to_head_decides_nothing(tmp_path):
+    search = scripted_search(tmp_path, {"inc": [2.0], "close": [2.02]}, 0.20)
+    inc = offer(search, 0, "inc")
+    evaluate = search.evaluator.evaluate
+
+    def broken(src):
+        if search.evaluator.calls:      # the candidates' first evaluations went through
+            if len(search.evaluator.calls) >= 2:
+                raise ConnectionError("the cluster went away")
+        return evaluate(src)
+
+    search.evaluator.evaluate = broken
+    offer(search, 0, "close")
+    assert search.islands[0].best.id == inc and search.ledger.duels == {}      # the title stays, nothing kept
+    assert search.evaluator_error.startswith("ConnectionError")                 # the run stops after the round
+    failed = [e for e in search.rundir.events() if e["type"] == "remeasure"]
+    assert failed and failed[-1]["status"] == "no_verdict"
+
+
 def test_head_to_head_0_trusts_single_measurements(tmp_path):
     search = scripted_search(tmp_path, {"inc": [2.0], "close": [2.02]}, 0.20)
     search.ledger.rounds = 0
