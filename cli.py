@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
+import models
 import momentum
 import tasks
 
@@ -35,6 +36,9 @@ class Config:
     secondary_model: str | None = None
     temperature: float | None = None
     max_output_tokens: int | None = None
+    model_choice: str = "weights"
+    price: list[str] | None = None
+    budget_usd: float | None = None
     device: str | None = None
     gpus: str | None = None
     seed: int = 0
@@ -68,7 +72,8 @@ class Config:
 
 # What --resume may change (the search state does not depend on it), and why the rest may not.
 RESUME_MAY_CHANGE = {"model", "provider", "base_url", "secondary_model", "temperature", "max_output_tokens",
-                     "gpus", "generations", "token_budget", "max_llm_failures", "reference_limit", "quiet",
+                     "model_choice", "price", "budget_usd", "gpus", "generations", "token_budget",
+                     "max_llm_failures", "reference_limit", "quiet",
                      "resume", "eval_cache", "ray", "ray_cpus", "ray_actors"}
 RESUME_REFUSES = {
     "task": "the checkpoint's programs and scores belong to the saved task",
@@ -112,6 +117,16 @@ def check_combination(given: set[str], cfg: Config) -> None:
                          "(use --ray-actors to use fewer)")
     if cfg.device == "cpu" and cfg.gpus is not None:
         raise UsageError("--gpus picks GPUs, but --device cpu runs the candidates on the CPU; drop one")
+    if cfg.model:
+        try:
+            weights = models.parse_models(cfg.model)
+        except ValueError as e:
+            raise UsageError(f"--model {e}") from None
+        if cfg.model_choice == "ucb" and "=" in cfg.model:
+            raise UsageError(f"--model-choice ucb chooses by improvement per dollar, not by weights: drop the "
+                             f"weights from --model {cfg.model} (or use --model-choice weights)")
+        if len(weights) == 1 and "=" in cfg.model:
+            raise UsageError(f"--model {cfg.model}: a weight needs several models (a=0.7,b=0.3)")
 
 
 def given_options(argv: list[str] | None = None) -> set[str]:
@@ -127,6 +142,8 @@ def resume_config(saved: dict, cfg: Config, given: set[str]) -> tuple[Config, di
     changes = {}
     for name in sorted(given):
         new, old = getattr(cfg, name), merged.get(name)
+        if name == "price":   # prices given again add to the saved ones (a model's latest price wins)
+            new = list({models.parse_price(p)[0]: p for p in (old or []) + (new or [])}.values())
         if name in ("resume", "out") or new == old:
             continue
         if name not in RESUME_MAY_CHANGE:
@@ -233,8 +250,12 @@ def _parser(default=None) -> argparse.ArgumentParser:
     group = p.add_argument_group("LLM", "A hosted model needs its key in the environment (below); a local "
                                         "OpenAI-compatible server needs --base-url and --model only.")
     a("--model", help="main LLM (idea generation, selection and code), e.g. gemini-2.5-pro, gpt-5, "
-                      "claude-sonnet-4-5, or any model a local OpenAI-compatible server serves "
-                      "(default: $PACEVOLVE_MODEL)")
+                      "claude-sonnet-4-5, or any model a local OpenAI-compatible server serves; several as "
+                      "a,b (each call draws one, equally likely) or a=0.7,b=0.3 (by weight), or see "
+                      "--model-choice (default: $PACEVOLVE_MODEL)")
+    a("--model-choice", choices=models.CHOICES, default=Config.model_choice,
+      help="with several --model models: weights (each call draws one by weight) or ucb (a bandit that "
+           "favours the models whose candidates improve on their parents most per dollar)")
     a("--provider", choices=["openai", "gemini", "anthropic"],
       help="API family (default: guessed from the model name or --base-url)")
     a("--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
@@ -247,6 +268,13 @@ def _parser(default=None) -> argparse.ArgumentParser:
       help="stop the run after this many LLM calls in a row failed (across islands; calls that "
            "succeeded on a retry do not count)")
     a("--token-budget", type=_count, help="stop after this many LLM tokens, prompt and output (default: no limit)")
+    a("--budget-usd", type=_positive, metavar="DOLLARS",
+      help="a hard cap on the LLM bill: no call starts that could take the spend past it; the run stops "
+           "cleanly and resumes with a higher cap (needs a price for every model; default: no limit)")
+    a("--price", action="append", type=_price, metavar="MODEL=IN/OUT",
+      help="US dollars per million input/output tokens of MODEL, e.g. gpt-5=1.25/10 (repeatable; a resume "
+           "adds to the saved ones); wins "
+           f"over {models.PRICES_FILE.name}, which lists common models (dated: check it). A local server costs 0")
 
     group = p.add_argument_group("search", "Islands, Algorithm 2 (momentum, backtracking, crossover) and HCM.")
     a("--islands", type=_count, default=Config.islands, help="number of islands searching concurrently")
@@ -280,8 +308,8 @@ def _parser(default=None) -> argparse.ArgumentParser:
     group = p.add_argument_group("output")
     a("--out", metavar="DIR", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
     a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
-      "--base-url, --provider, --secondary-model, --temperature, --max-output-tokens, --gpus, --ray, "
-      "--generations, --token-budget and --max-llm-failures may change")
+      "--model-choice, --price, --budget-usd, --base-url, --provider, --secondary-model, --temperature, "
+      "--max-output-tokens, --gpus, --ray, --generations, --token-budget and --max-llm-failures may change")
     a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
                                       "or killed) and exit; takes no other option")
     a("--replay", metavar="DIR", help="run the search recorded in DIR again, every LLM reply taken from "
@@ -409,6 +437,14 @@ _positive = _checked(float, lambda v: v > 0 and v != float("inf"), "a number > 0
 _non_negative = _checked(float, lambda v: v >= 0, "a number >= 0")
 _fraction = _checked(float, lambda v: 0 < v < 1, "a number with 0 < beta < 1")
 _speedup = _checked(float, lambda v: v > 1 and v != float("inf"), "a speedup > 1")
+
+
+def _price(text: str) -> str:
+    try:
+        models.parse_price(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _gpus(text: str) -> str:

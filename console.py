@@ -3,6 +3,7 @@
     generation_result(gen, score, s0)   # "1.22x (4.091 ms)", "incorrect (output 0 at [1, 2]: got 2.7, ...)"
     failure_reason(status, message)     # the evaluator's message cut to the few words that say why
     final_lines(why, cause, best, ...)  # "done: ..." or "stopped: ...", and the fix for a stop
+    spend_note(spend, cost, several)    # "  by cheap 2, strong 1  $0.42 of $5"
 
 A failed candidate's line carries its reason (the first differing output, the error and its line, the rule
 broken); a candidate that needed repairs says so and what was repaired; LLM failures name their classes.
@@ -10,6 +11,8 @@ broken); a candidate that needed repairs says so and what was repaired; LLM fail
 from __future__ import annotations
 
 import re
+
+import models
 
 REASON_CHARS = 110
 
@@ -63,6 +66,18 @@ def final_lines(why: str, cause: str, best: dict | None, s0: float, path, report
         return done, (f"run.py: stopped: {why}. Fix the evaluator's set-up (device, cluster), then continue "
                       f"with: python run.py --resume {path}")
     return done, ""
+
+
+def spend_note(spend, cost: dict, several: bool) -> str:
+    """The progress line's tail: with several main models, those the generation called (and how often when
+    more than one); the dollars spent so far when a model costs money or --budget-usd is set."""
+    out = ""
+    calls = cost.get("models") or {}
+    if several and calls:
+        out += "  by " + ", ".join(m + (f" {n}" if len(calls) > 1 else "") for m, n in calls.items())
+    if spend is not None and (spend.priced or spend.cap):
+        out += f"  {models.usd(spend.total)}" + (f" of {models.usd(spend.cap)}" if spend.cap else "")
+    return out
 
 
 def failure_reason(status: str, message: str, limit: int = REASON_CHARS) -> str:

@@ -6,13 +6,15 @@ report.md says why the run stopped, the best program with its measured times, sp
 (or that nothing beat the reference), wall time (summed over resumes), evaluations per status and the
 head-to-heads that confirmed the ranking, LLM calls, tokens, failures per error class and replies that
 could not be parsed per prompt kind, tokens per island, LLM calls and tokens per purpose (from the
-transcript, transcript.py), a replay's comparison with its recording, per island its best and best-so-far
-trajectory, and the interventions with the weights that chose them. progress.png has three
-panels on one generation axis: every correct evaluation as a point with each island's best-so-far line,
-the interventions on the island where they happened and the reference at 1.0x; the failed evaluations in
-a band of their own (a row per island: x incorrect, | other failures); each island's momentum m_t in its
-own lane with eps_rel (log scale for a small eps_rel, as in report.html); the legend sits below, outside
-the panels. `progress_data` computes what is drawn, from the events alone, so it can be checked without
+transcript, transcript.py), a replay's comparison with its recording, what the LLM calls cost
+(report_cost.py: per model, per candidate, per improvement of the best, the models chosen over the
+rounds), per island its best and best-so-far trajectory, and the interventions with the weights that
+chose them. progress.png has three panels on one generation axis: every correct evaluation as a point
+with each island's best-so-far line, the interventions on the island where they happened and the
+reference at 1.0x; the failed evaluations in a band of their own (a row per island: x incorrect, | other
+failures); each island's momentum m_t in its own lane with eps_rel (log scale for a small eps_rel, as in
+report.html); the legend sits below, outside the panels. `progress_data` computes what is drawn, from the
+events alone, so it can be checked without
 looking at pixels.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import report_chart
+import report_cost
 import transcript
 from rundir import hardware_name, write_atomic
 
@@ -60,6 +63,9 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     replayed = getattr(getattr(search, "evaluator", None), "replay_summary", None)
     if callable(replayed):
         lines.append(f"- replay of {search.cfg.replay}: {replayed()}")
+    cost = report_cost.Cost.load(rd.path)
+    if cost.worth_showing:
+        lines.append(f"- LLM cost: {cost.headline()} (section LLM cost below)")
     events = rd.events()
     ledger = getattr(search, "ledger", None)
     lines.append("- " + duel_summary([e for e in events if e.get("type") == "head_to_head"],
@@ -71,6 +77,7 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     eps = getattr(getattr(search, "cfg", None), "eps_rel", None)
     if plot_progress(progress_data(events, s0), search.task.name, rd.path / "progress.png", eps):
         lines += ["", "![every evaluation and the best so far per island](progress.png)"]
+    lines += cost.markdown()
     lines += ["", "## Islands", ""]
     for island in search.islands:
         best = island.best

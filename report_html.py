@@ -14,7 +14,8 @@ any run directory, finished, running or killed. The page, top to bottom:
   5. per island: the idea pool now (Algorithm 1's P, each idea with its hypotheses and results), ideas
      no longer in it (pruned, or left behind by a backtrack: the permanent log L), the pool before and
      after each backtrack, and the history of its generations;
-  6. every candidate: verdict, evaluator message, timing, parent, idea, source and diff with its parent;
+  6. every candidate: verdict, evaluator message, timing, parent, idea, LLM cost, source and diff with its
+     parent; then what the LLM calls cost (report_cost.py), when a model costs money or there are several;
   7. the LLM exchanges (report_exchanges.py, from transcript.jsonl): calls and tokens per purpose, then every
      call by island and generation, its prompt and reply folded, within a budget of characters.
 Links join candidates, ideas, generations, interventions and the exchanges (a candidate to the call whose
@@ -37,6 +38,7 @@ from html import escape
 from pathlib import Path
 
 import report_chart
+import report_cost
 import report_data
 import report_exchanges
 
@@ -62,6 +64,7 @@ def render(run: report_data.Run) -> str:
     for anchor, heading, part in SECTIONS:
         html = getattr(page, part)()
         if html:
+            page.shown.add(anchor)
             body.append(f'<section id="{anchor}"><h2>{heading}</h2>\n{html}\n</section>')
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(title)}</title>'
@@ -72,7 +75,8 @@ def render(run: report_data.Run) -> str:
 SECTIONS = [("run", "The run", "summary"), ("best", "The best kernel", "best"),
             ("chart", "Every evaluation, by island", "chart"),
             ("interventions", "Interventions (Algorithm 2)", "interventions"), ("islands", "Islands", "islands"),
-            ("candidates", "Candidates", "candidates"), ("exchanges", "LLM exchanges", "exchanges"),
+            ("candidates", "Candidates", "candidates"), ("cost", "LLM cost", "cost"),
+            ("exchanges", "LLM exchanges", "exchanges"),
             ("other-events", "Other events", "other_events"),
             ("configuration", "Configuration", "configuration")]
 
@@ -107,6 +111,7 @@ class _Page:
 
     def __init__(self, run: report_data.Run):
         self.run = run
+        self.shown: set[str] = set()   # the sections drawn, for the contents
         self.s0 = run.baseline_ms
         self.gen_events = {(e["island"], e.get("generation")): e for e in run.generations}
         self.idea_anchor: dict[tuple, str] = {}
@@ -128,7 +133,7 @@ class _Page:
     # -- sections -----------------------------------------------------------------------------
 
     def contents(self) -> str:
-        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:7]) + "</nav>"
+        return "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, _ in SECTIONS[:8] if a in self.shown) + "</nav>"
 
     def summary(self) -> str:
         run, cfg, ck = self.run, self.run.config, self.run.checkpoint
@@ -286,8 +291,12 @@ class _Page:
             out.append(f"<tr{anchor}><td>{name}</td><td>{self._where(c)}</td>"
                        f"<td>{self._verdict(c)}</td>"
                        f"<td class=msg>{'' if c.ok else _e(c.message[:600])}</td><td>{self._parent_text(c)}</td>"
-                       f"<td>{self.x.call_link(self.run.program_calls.get(c.id), short=True)}</td><td>{diff_cell}</td></tr>")
+                       f"<td>{self.x.call_link(self.run.program_calls.get(c.id), short=True)}{self._cost(c)}</td>"
+                       f"<td>{diff_cell}</td></tr>")
         return "\n".join(out) + "</table>"
+
+    def cost(self) -> str:
+        return report_cost.Cost.load(self.run.path).html()
 
     def exchanges(self) -> str:
         return self.x.section()
@@ -388,6 +397,8 @@ class _Page:
                  + " (the prompt and the reply that carried this program)")]
         if c.children:
             rows.append(("programs written from it", ", ".join(self._prog_link(p) for p in c.children)))
+        if self._cost(c):
+            rows.append(("LLM cost", self._cost(c) + " <span class=muted>(its generation's calls)</span>"))
         if c.ok and c.paired_speedup and self.s0:
             rows.append(("score", f"{c.runtime_ms:.4g} ms = s_0 {self.s0:.4g} ms (the reference at the start) / "
                                   f"{c.paired_speedup:.3f}, the speedup measured against the reference timed "
@@ -416,6 +427,10 @@ class _Page:
                 + (f"<details{' open' if first else ''}><summary>source</summary><pre>{_e(src)}</pre></details>" if src else "")
                 + (f"<details><summary>diff against the program it was written from</summary><pre>{diff}</pre></details>"
                    if diff else "") + "</div>")
+
+    def _cost(self, c: report_data.Candidate) -> str:
+        spent = report_cost.generation_cost(self.gen_events.get((c.island, c.generation)))
+        return f'<span class="cost">{_e(spent)}</span>' if spent else ""
 
     def _diff(self, c: report_data.Candidate) -> str | None:
         origin = c.repair_of or c.parent

@@ -28,8 +28,11 @@ score is the re-measured one wherever it is used (tournament, momentum, crossove
 
 `main` in order: the options are checked (cli.py); the task, device and LLM clients are set up and each
 model answers one probe call (llm_check.py); the run directory is made (rundir.py); the reference is
-measured once (s_0); then rounds run until the generations, the token budget or the LLM run out
-(`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report.py).
+measured once (s_0); then rounds run until the generations, the token budget, the dollar budget or the LLM
+run out (`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report.py).
+Every LLM call goes through models.Role: with several --model models it picks one per call (weights or a
+cost-aware bandit), and it keeps the dollars (spend.json) within --budget-usd. A call the budget refuses
+cuts its round short: like a stop, that round is not checkpointed and runs again on resume.
 A round is the unit of checkpointing: the state (pools, logs, programs, momentum, snapshots, random
 generators) is written atomically to checkpoint.json at round 0 and after every round, and every
 evaluation is stored the moment it finishes, so `--resume DIR` loses nothing and re-evaluates nothing.
@@ -69,6 +72,7 @@ import console
 import crossover
 import hcm
 import llm_check
+import models
 import momentum
 import ranking
 import replay as replay_mod
@@ -171,6 +175,8 @@ class Search:
         self.closed = threading.Event()   # run() has ended: nothing that finishes now is a verdict
         self.discarded = 0                # evaluations dropped for that (their round is never checkpointed)
         self.llm_main, self.llm_cheap = llm_main, llm_cheap
+        self.spend = getattr(llm_main, "spend", None)   # models.Spend: dollars and --budget-usd
+        self._parent_ms: dict[int, float] = {}          # each island's parent score this round (its gain)
         self.s0 = baseline_ms
         self.target = baseline_ms / cfg.target_speedup if cfg.target_speedup else 0.0
         self.device = device
@@ -341,11 +347,15 @@ class Search:
 
     def _generation(self, island: Island):
         parent = self._parent(island)
+        self._parent_ms[island.index] = self._score_of(parent.program_id or REFERENCE)
         g = island.generation + 1
-        return hcm.run_generation(island.pool, island.log, task=self.contexts[island.index], parent=parent,
-                                  llm=self._llm(self.llm_main, "main", island, g),
-                                  cheap_llm=self._llm(self.llm_cheap, "secondary", island, g),
-                                  execute=self._execute, config=self.hcm_config, rng=island.rng)
+        try:
+            return hcm.run_generation(island.pool, island.log, task=self.contexts[island.index], parent=parent,
+                                      llm=self._llm(self.llm_main, "main", island, g),
+                                      cheap_llm=self._llm(self.llm_cheap, "secondary", island, g),
+                                      execute=self._execute, config=self.hcm_config, rng=island.rng)
+        except models.BudgetReached as e:   # a call the dollar budget refused: the round is dropped
+            return e
 
     def _llm(self, client, role: str, island: Island, generation: int, stage: str = "generation"):
         """What HCM calls: `client` as this island sees it (a replay answers per island), watched for
@@ -381,6 +391,9 @@ class Search:
         if incumbent is not None:   # s_prev: the incumbent's confirmed score (a head-to-head may have moved it)
             island.momentum.best = min(self.s0, self._score_of(incumbent.id))
         r_t = island.momentum.update(island.best.score if crowned else None)   # Algorithm 2 lines 3-12
+        parent_ms = self._parent_ms.get(island.index)   # the bandit's reward: the gain on the parent
+        gain = max(0.0, 1 - score / parent_ms) if score is not None and parent_ms else 0.0
+        cost = self.llm_main.credit(island.index, gain) if hasattr(self.llm_main, "credit") else {}
         island.trajectory.append([island.generation, island.momentum.best])
         island.snapshots.append(island.restore_point())
         self.rundir.event("generation", island=island.index, generation=island.generation,
@@ -393,8 +406,8 @@ class Search:
                           llm_calls=gen.llm_calls, calls=gen.calls, unusable=unusable,
                           attempts=[{"program": a["program_id"], "status": a["status"], "score": a.get("score")}
                                     for a in gen.attempts],
-                          llm_failures=_llm_failures(gen.events), notes=gen.events)
-        self._progress(island, gen, score)
+                          llm_failures=_llm_failures(gen.events), notes=gen.events, **cost)
+        self._progress(island, gen, score, cost)
 
     def _intervene(self, island: Island) -> None:
         """Algorithm 2 lines 13-30 for one island."""
@@ -529,9 +542,16 @@ class Search:
             while self.round < self.cfg.generations:
                 if self._over_budget():
                     return "token budget reached"
+                if self.spend is not None and self.spend.stop_reason():
+                    return self.spend.stop_reason()
+                if self.spend is not None:
+                    self.spend.round_started()
                 gens = list(pool.map(self._generation, self.islands))
                 if self.discarded or self.stop.requested():   # never checkpoint a round with a dropped result
                     self.stop.interrupt()
+                refused = next((g for g in gens if isinstance(g, models.BudgetReached)), None)
+                if refused is not None:   # as after Ctrl-C, the checkpoint stays at the last whole round
+                    return f"{refused} (its round was cut short and runs again on resume)"
                 self.round += 1
                 for island, gen in zip(self.islands, gens):
                     self._record(island, gen)
@@ -542,9 +562,14 @@ class Search:
                 if self.evaluator_error:   # every later candidate would fail the same way
                     self.checkpoint()
                     return f"the evaluator failed ({self.evaluator_error})"
-                if self.round < self.cfg.generations:   # after an island's last generation nothing can change
-                    for island in self.islands:
-                        self._intervene(island)
+                try:
+                    if self.round < self.cfg.generations:   # after an island's last generation nothing can change
+                        for island in self.islands:
+                            self._intervene(island)
+                except models.BudgetReached as e:   # a crossover's prune: the round is not checkpointed
+                    return f"{e} (its round was cut short and runs again on resume)"
+                if self.spend is not None:
+                    self.spend.round_finished()
                 self.checkpoint()
                 write_html_report(self.rundir.path)
         finally:
@@ -572,7 +597,8 @@ class Search:
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
                 "events": self.rundir.events_written, "transcript": self.transcript.lines,
-                "device_facts": self.facts}
+                "device_facts": self.facts,
+                "models": self.llm_main.state() if hasattr(self.llm_main, "credit") else None}
 
     def checkpoint(self) -> None:
         self.rundir.save_checkpoint(self.state())
@@ -593,6 +619,8 @@ class Search:
             self.ledger.figures.setdefault(p.id, ranking.Figures(self.s0 / p.score).to_dict())   # older checkpoints
         self.remeasured, self.unusable = state.get("remeasured", 0), collections.Counter(state.get("unusable", {}))
         self.llm_watch.restore(state.get("llm", {}))
+        if hasattr(self.llm_main, "credit"):   # the bandit's statistics, for the models still in --model
+            self.llm_main.restore(state.get("models"))
         self.wall_before = state.get("wall_s", 0.0)
         self.rundir.truncate_events(state["events"])
         self.transcript.rewind(state.get("transcript"))
@@ -610,14 +638,15 @@ class Search:
         if not self.cfg.quiet:
             self.out(line)
 
-    def _progress(self, island: Island, gen, score: float | None) -> None:
+    def _progress(self, island: Island, gen, score: float | None, cost: dict) -> None:
         result = console.generation_result(gen, score, self.s0, _llm_failures(gen.events),
                                            shown=self._metric_text(gen.program_id) if score else None)
         best = island.momentum.best
         glob = max(1.0, self.global_best["speedup"] if self.global_best else 1.0)   # the reference is 1.00x
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"
                   f"  island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
-                  f"m={island.momentum.value:.3f}  tokens {self.tokens():,}")
+                  f"m={island.momentum.value:.3f}  tokens {self.tokens():,}"
+                  + console.spend_note(self.spend, cost, len(getattr(self.llm_main, "clients", ())) > 1))
 
 
 class HeadToHeadAborted(Exception):
@@ -677,6 +706,10 @@ def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.Stop
     except (SetupError, cli.UsageError, rundir_mod.RunDirError, llm_check.ProbeFailed) as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
+    except models.BudgetReached as e:   # the probes before the run do not fit in --budget-usd
+        print(f"run.py: --budget-usd {cfg.budget_usd:g} does not cover the test calls before the run: {e}",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         stop.closing = True
         print(f"run.py: {stop.what} during set-up; " + (
@@ -722,10 +755,17 @@ def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None
     check_device(device, task)
     book = transcript.Transcript()
     llm_main, llm_cheap = recording.clients() if recording else make_clients(cfg)
+    spend = getattr(llm_main, "spend", None)   # models.Spend: prices, the ledger, --budget-usd
+    if spend is not None and cfg.resume:       # the dollars of earlier sessions count against the cap
+        spend.restore(rd.read_spend())
+        if spend.stop_reason():   # nothing probed, measured or written
+            print(f"run.py: {rd.path}: {spend.stop_reason()}; nothing was changed ({_go_on(rd.path, spend)})")
+            return 0
+    if spend is not None and spend.note:
+        say(spend.note)
     for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
-        if client is not None and not recording:
-            llm_check.probe(book.recorder(client, role=role, stage="setup", purpose="probe"), role,
-                            getattr(client, "origin", None))
+        for one in client.each() if client is not None and not recording else []:   # every model answers
+            llm_check.probe(book.recorder(one, role=role, stage="setup", purpose="probe"), role, one.origin)
     owns_ray = connect_ray(cfg, device, log) if cfg.ray else False   # before the directory and s_0
     stop.install()   # ray.init replaces the SIGTERM handler with one that exits at once
     if cfg.resume:
@@ -734,6 +774,8 @@ def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None
         record_resume(rd, config, cfg, changes, state)
     else:
         rd = new_run_dir(cfg, task, device)
+    if spend is not None:
+        spend.attach(rd.save_spend)
     if log is not None:
         log.attach(rd)
     # From here on the run directory exists: Ctrl-C or SIGTERM leaves it resumable.
@@ -775,11 +817,18 @@ def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None
     done, fix = console.final_lines(why, cause, gb, search.s0, rd.path, report,
                                     shown=search._metric_text(gb["program"]) if gb else None)
     print(done)
+    if why.startswith("dollar budget reached"):
+        print(f"run.py: {_go_on(rd.path, search.spend)}")
     if recording:
         print(f"replay: {search.evaluator.replay_summary()}")
     if fix:
         print(fix, file=sys.stderr)
     return {"llm": EXIT_LLM_FAILURES, "evaluator": EXIT_EVALUATOR_FAILED}.get(cause, 0)
+
+
+def _go_on(path: Path, spend: models.Spend) -> str:
+    need = spend.total + spend.forecast()
+    return f"to go on: python run.py --resume {path} --budget-usd X, with X above {models.usd(need)}"
 
 
 def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir):

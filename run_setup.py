@@ -1,7 +1,7 @@
 """Setting a run up: the device, the LLM clients, the evaluator, the reference's runtime s_0, a resume's record.
 
     check_device(device, task)          # a missing GPU, with a hint that fits the task
-    main, cheap = make_clients(cfg)     # llm.Client for --model and --secondary-model
+    main, cheap = make_clients(cfg)     # models.Role over llm.Client for --model (a,b...) and --secondary-model
     started = connect_ray(cfg, device, log)   # --ray: the cluster reached and big enough, before anything slow
     evaluator = make_evaluator(cfg, task, device, rd)   # worker logs in the run directory
     s0 = measure_reference(evaluator, rd, task, cfg, device, say)   # within --reference-limit seconds
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import llm
 import llm_check
+import models
 import rundir as rundir_mod
 import tasks
 from cli import Config
@@ -90,8 +91,9 @@ def check_device(device: str, task: tasks.Task) -> None:
 
 
 def make_clients(cfg: Config):
-    """The main and secondary clients (None when not configured); each carries `origin`, where its model
-    and URL came from (an option or a variable), for the fixes the probe suggests."""
+    """The main and secondary LLMs as models.Role (the secondary None when not configured), sharing one
+    models.Spend: the prices (--price, a local server's 0, prices.txt) and --budget-usd. Each client carries
+    `origin`, where its model and URL came from (an option or a variable), for the fixes the probe suggests."""
     model_origin = "--model"
     if not cfg.model and not cfg.base_url:
         cfg.model = os.environ.get("PACEVOLVE_MODEL")
@@ -101,29 +103,75 @@ def make_clients(cfg: Config):
             "no LLM configured: pass --model (e.g. --model gemini-2.5-pro with GEMINI_API_KEY set, "
             "--model gpt-5 with OPENAI_API_KEY, --model claude-sonnet-4-5 with ANTHROPIC_API_KEY), "
             "or a local OpenAI-compatible server with --base-url http://localhost:8000/v1 --model NAME")
+    try:
+        weights = models.parse_models(cfg.model)
+    except ValueError as e:
+        raise SetupError(f"{model_origin} {e}") from None
     kw = {}
     if cfg.temperature is not None:
         kw["temperature"] = cfg.temperature
     if cfg.max_output_tokens is not None:
         kw["max_output_tokens"] = cfg.max_output_tokens
-    clients = []
-    for model, origin in ((cfg.model, model_origin), (cfg.secondary_model, "--secondary-model")):
-        if not model:
-            clients.append(None)
-            continue
-        try:
-            client = llm.Client.from_env(model, provider=cfg.provider, base_url=cfg.base_url, **kw)
-            env_url = (os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
-            url = ("--base-url" if cfg.base_url else
-                   "OPENAI_BASE_URL" if env_url and client.base_url == env_url else "")
-            client.origin = llm_check.Origin(model=origin, base_url=url)
-            clients.append(client)
-        except llm.AuthError as e:
-            raise SetupError(f"cannot set up the LLM client for {model!r}: {e}") from None
-        except ValueError:
-            raise SetupError(f"cannot tell which API serves the model {model!r}: pass --provider (openai, "
-                             "gemini or anthropic), or --base-url for an OpenAI-compatible server") from None
-    return clients[0], clients[1]
+    main = {name: _client(cfg, name, model_origin, kw) for name in weights}
+    cheap = {cfg.secondary_model: _client(cfg, cfg.secondary_model, "--secondary-model", kw)} \
+        if cfg.secondary_model else {}
+    prices, note = _prices(cfg, main, cheap)
+    spend = models.Spend(prices, cfg.budget_usd, cfg.max_output_tokens)
+    spend.note = note
+    main_role = models.Role("main", main, models.make_choice(cfg.model_choice, weights), spend, cfg.seed)
+    cheap_role = models.Role("secondary", cheap, models.Weighted({cfg.secondary_model: 1.0}), spend, cfg.seed) \
+        if cheap else None
+    return main_role, cheap_role
+
+
+def _client(cfg: Config, model: str, origin: str, kw: dict):
+    try:
+        client = llm.Client.from_env(model, provider=cfg.provider, base_url=cfg.base_url, **kw)
+    except llm.AuthError as e:
+        raise SetupError(f"cannot set up the LLM client for {model!r}: {e}") from None
+    except ValueError:
+        raise SetupError(f"cannot tell which API serves the model {model!r}: pass --provider (openai, "
+                         "gemini or anthropic), or --base-url for an OpenAI-compatible server") from None
+    env_url = (os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
+    url = ("--base-url" if cfg.base_url else
+           "OPENAI_BASE_URL" if env_url and client.base_url == env_url else "")
+    client.origin = llm_check.Origin(model=origin, base_url=url)
+    return client
+
+
+def _prices(cfg: Config, main: dict, cheap: dict) -> tuple[dict, str]:
+    """Each model's price (None: unknown, counted in tokens only) and a line saying where each came from; a
+    dollar budget, or the bandit, with a model whose price is unknown is a SetupError."""
+    try:
+        date, table = models.read_prices(models.PRICES_FILE.read_text())
+    except (OSError, ValueError) as e:
+        raise SetupError(f"{models.PRICES_FILE}: {e}") from None
+    given = dict(models.parse_price(p) for p in cfg.price or [])
+    prices = {m: models.price_of(m, c.base_url, table, given) for m, c in {**cheap, **main}.items()}
+    unknown = [m for m, p in prices.items() if p is None]
+    bad = next((m for m in main if m in unknown), None) if cfg.model_choice == "ucb" and len(main) > 1 else None
+    if unknown and cfg.budget_usd:
+        why, bad = f"--budget-usd {cfg.budget_usd:g}: the price of {unknown[0]} is unknown, so its calls cannot " \
+                   "be counted in dollars", unknown[0]
+    elif bad:
+        why = f"--model-choice ucb weighs improvement per dollar, but the price of {bad} is unknown"
+    if bad:
+        raise SetupError(f"{why}; give it with --price {bad}=IN/OUT (US dollars per million input/output "
+                         f"tokens) or add it to {models.PRICES_FILE.name}")
+    clients = {**cheap, **main}
+    free = {m for m, p in prices.items() if p == models.Price(0, 0) and models.is_local(clients[m].base_url)
+            and m not in given}
+    if len(free) == len(prices) and not cfg.budget_usd:
+        return prices, ""   # local servers alone: nothing to pay, nothing to say
+    parts = [f"{m} {p if p is not None else '?'} (" + ("--price" if m in given else "local server" if m in free
+             else "unknown: counted in tokens only" if p is None else f"{models.PRICES_FILE.name} of {date}") + ")"
+             for m, p in prices.items()]
+    unused = sorted(set(given) - set(prices))
+    return prices, ("LLM prices, US$ per million input/output tokens: " + ", ".join(parts)
+                    + (f"; budget {models.usd(cfg.budget_usd)}" if cfg.budget_usd else "")
+                    + (f"; --price for {', '.join(unused)}: no such model in this run" if unused else "")
+                    + (f" (check {models.PRICES_FILE.name}'s prices: they change)"
+                       if any(m not in given and m not in free and p is not None for m, p in prices.items()) else ""))
 
 
 def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.RunDir, owns_ray: bool = False):

@@ -9,7 +9,7 @@ Layout: config.json (configuration, task settings, reference hash, versions, res
 reference source the run measures against), events.jsonl (one line per generation, evaluation,
 intervention, LLM failure and resume), candidates/ (every candidate's source), evals/ (every evaluation
 result, written as it finishes), logs/ (the evaluator's worker logs), checkpoint.json and
-checkpoint.prev.json, best.py, report.md and progress.png.
+checkpoint.prev.json, spend.json (the LLM bill), best.py, report.md and progress.png.
 
 Every file is written through a temporary file and a rename (`write_atomic`), so a crash or Ctrl-C leaves
 either the old or the new version, never a mix. A checkpoint that still does not parse (a disk that lied)
@@ -35,6 +35,7 @@ import tasks
 CHECKPOINT = "checkpoint.json"
 PREVIOUS = "checkpoint.prev.json"
 REFERENCE = "reference.py"
+SPEND = "spend.json"
 TASK_FIELDS = ("name", "description", "device", "rtol", "atol", "l2_tol", "flops", "source")
 
 
@@ -218,6 +219,25 @@ class RunDir:
         if problems:
             raise RunDirError("; ".join(problems) + ": no usable checkpoint to resume from")
         return None
+
+    def save_spend(self, ledger: dict) -> None:
+        """spend.json: every LLM call's tokens and dollars over all sessions (models.Spend); unlike the
+        checkpoint it is never rolled back, since a call of an unfinished round was paid for too."""
+        write_atomic(self.path / SPEND, json.dumps(ledger))
+
+    def read_spend(self) -> dict:
+        path = self.path / SPEND
+        if not path.exists():
+            return {}
+        try:
+            ledger = json.loads(path.read_text())
+            if isinstance(ledger, dict):
+                return ledger
+            problem = "not a JSON object"
+        except (OSError, ValueError) as e:
+            problem = f"{type(e).__name__}: {str(e)[:80]}"
+        raise RunDirError(f"{path} is damaged ({problem}): the dollars spent so far are unknown; remove it to "
+                          "resume counting from $0")
 
     # -- events, candidates, evaluations -----------------------------------------------------------
 

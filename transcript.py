@@ -18,7 +18,8 @@ One JSON object per line, two kinds:
       idea_generation, classification, selection, duplicate_check, implementation, repair, summary, prune;
       "probe"), attempt (1 for a format reminder), role (main or secondary), model, messages (the chat
       messages sent), reply (None when the call failed), error ("Class: message"), program (the id of
-      the program an implementation or repair reply carries), tokens, latency_s, retries, finish.
+      the program an implementation or repair reply carries), tokens, latency_s, retries, finish, usd
+      (its US dollars at the run's prices, models.py; None when the model has no price).
   A text field is a string, or a list of strings and {"t": ID} references, joined in order (`text`).
 Never kept: API keys (not even one a reply or a prompt holds: llm.Client.redact), headers, URLs. A request the client never sent (llm_check.LLMStopped after too many
 failures) is not a record; a call that failed after reaching the client is, with its error.
@@ -185,7 +186,7 @@ class Recorder:
                   "tokens": {k: int(usage.get(k) or 0) for k in ("input", "output", "reasoning")} if usage else None,
                   "latency_s": round(time.monotonic() - t0, 3),
                   "retries": int(getattr(self.client, "last_retries", 0) or 0),
-                  "finish": getattr(last, "finish", None)}
+                  "finish": getattr(last, "finish", None), "usd": getattr(self.client, "last_usd", None)}
         if reply and purpose in CODE_PURPOSES:
             code = extract_code(reply)
             record["program"] = program_id(code) if code else None
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         head = (f"call {c.get('call')}: {c.get('purpose')}" + (" (format reminder)" if c.get("attempt") else "")
                 + f", island {c.get('island')}, generation {c.get('generation')}, {c.get('role')} model "
                 f"{c.get('model')}, {t.get('input', '?')} + {t.get('output', '?')} tokens, {c.get('latency_s')} s"
+                + (f", ${c['usd']:.4g}" if c.get("usd") else "")
                 + (f", failed: {c['error']}" if c.get("error") else "")
                 + (f", wrote {c['program']}" if c.get("program") else ""))
         if len(args) == 1:

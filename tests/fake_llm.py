@@ -176,8 +176,9 @@ def _pool_ids(prompt: str) -> list[int]:
 
 
 class OpenAIServer:
-    """A local OpenAI-compatible chat server answering with `llm` (any `(prompt) -> str`); `requests` keeps
-    every prompt it was sent, in order. An exception from `llm` is answered with HTTP 400 and its text
+    """A local OpenAI-compatible chat server answering with `llm` (any `(prompt) -> str`, or a dict of them
+    by the model name asked for: one server for several models); `requests` keeps every prompt it was
+    sent, in order. An exception from `llm` (or an unknown model) is answered with HTTP 400 and its text
     (a failure the client does not retry). Use as a context manager; `url` is the --base-url to pass."""
 
     def __init__(self, llm):
@@ -193,7 +194,7 @@ class OpenAIServer:
                 with server._lock:
                     server.requests.append(prompt)
                 try:
-                    text = llm(prompt)
+                    text = (llm[body["model"]] if isinstance(llm, dict) else llm)(prompt)
                 except Exception as e:
                     self._send(400, {"error": {"message": str(e), "type": "invalid_request_error"}})
                     return

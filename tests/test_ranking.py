@@ -34,8 +34,10 @@ def test_verdict_is_never_faster_both_ways_and_never_faster_for_the_slower(a, na
 @settings(max_examples=300, deadline=None)
 @given(speedups, noises, speedups, noises, st.floats(0.01, 100.0))
 def test_verdict_depends_on_the_ratio_only(a, na, b, nb, k):
-    assert ranking.verdict(Figures(a, na), Figures(b, nb)) == ranking.verdict(Figures(a * k, na), Figures(b * k, nb)) \
-        or math.isclose(math.log(a / b), math.hypot(na or 0, nb or 0), rel_tol=1e-9)   # rounding at the edge
+    edge = math.hypot(na or 0, nb or 0)
+    if math.isclose(a, b, rel_tol=1e-9) or math.isclose(math.log(a / b), edge, rel_tol=1e-9, abs_tol=1e-12):
+        return   # a tie or a gap exactly at the noise: scaling may round it either way
+    assert ranking.verdict(Figures(a, na), Figures(b, nb)) == ranking.verdict(Figures(a * k, na), Figures(b * k, nb))
 
 
 @settings(max_examples=300, deadline=None)

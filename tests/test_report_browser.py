@@ -84,7 +84,8 @@ def test_no_console_error(pages, name):
 
 @pytest.mark.parametrize("name", ["example", "synthetic"])
 def test_every_section_is_drawn(pages, name):
-    expected = [a for a, _, _ in report_html.SECTIONS if a != "other-events" or name == "synthetic"]
+    # the example ran on a local server with one model: it has no other events and nothing to pay
+    expected = [a for a, _, _ in report_html.SECTIONS if a not in ("other-events", "cost") or name == "synthetic"]
     assert pages[name]["sections"] == expected
 
 

@@ -242,7 +242,8 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
                            "attempts": [{"program": a[0], "status": a[1], "score": a[2]} for a in attempts],
                            "r_t": rng.random(),
                            "momentum": rng.random(), "island_best_ms": st["best"][1] if st["best"] else s0,
-                           "llm_calls": 4, "notes": [f"new idea {idea}"], "a_field_from_the_future": [1]})
+                           "llm_calls": 4, "notes": [f"new idea {idea}"], "a_field_from_the_future": [1],
+                           "models": {"fake": 3 + len(attempts)}, "usd": 0.001 * (1 + g % 7)})
             st["snaps"] += 1
         for i in range(islands):
             if g % 40 == i + 10 and islands > 1:
@@ -269,6 +270,10 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
                                "best": {"id": st["best"][0], "score": st["best"][1]} if st["best"] else None,
                                "snapshots": [{"pool": {"ideas": []}, "elites": []}] * st["snaps"],
                                "actions": st["actions"]} for i, st in enumerate(state)]}
+    paid = sum(e["usd"] for e in events if e["type"] == "generation")
+    (path / "spend.json").write_text(json.dumps({"total_usd": paid + 0.0001, "prices": {"fake": [1.25, 10]},
+                                                 "models": {"fake": {"calls": n + 2 * generations * islands,
+                                                                     "input": 900, "output": 80, "usd": paid}}}))
     (path / "checkpoint.json").write_text(json.dumps(checkpoint))
     (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return path
@@ -280,6 +285,7 @@ def test_small_synthetic_run_checks_out(tmp_path):
     assert "llm_failure: 2" in page.of("other-events")   # an event kind the page does not know
     html = (out / "report.html").read_text()
     assert "<h1>pacevolve run: synthetic</h1>" in html and "'rtol'" not in html
+    assert "What each improvement of the best cost" in page.of("cost")
 
 
 def test_thousand_generations_stay_small_and_quick(tmp_path):

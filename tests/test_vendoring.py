@@ -37,7 +37,7 @@ def test_the_evaluator_folder_alone_evaluates_a_cpu_candidate(tmp_path):
     assert Path(where) == tmp_path / "evaluate_kernel"
 
 
-@pytest.mark.parametrize("module", ["momentum.py", "crossover.py"])
+@pytest.mark.parametrize("module", ["momentum.py", "crossover.py", "models.py"])
 def test_the_pure_modules_stand_alone(tmp_path, module):
     shutil.copy(REPO / module, tmp_path / module)
     done = _run(tmp_path, f"import {module[:-3]}\nprint('ok')")
