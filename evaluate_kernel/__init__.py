@@ -18,19 +18,22 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   core, same minutes); every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step
   that does another's work is charged for it. The speedup is the median of paired ratios with a 95%
   interval (details["speedup_ci"], details["noise"]).
-- Every timed output is bound to its inputs by a digest sent before the evaluator chooses which outputs to
-  check; the chosen ones are checked against the reference worker's outputs on the same inputs.
+- Every timed output is bound to its inputs by a digest (BLAKE2b; a hash tree on a GPU) sent before the
+  evaluator chooses which outputs to check; in every batch the chosen ones are checked against the
+  reference worker's outputs on the same inputs.
 - The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference
   runs, and on a GPU the device must be idle (the wait is charged to the candidate) first.
-- The runner stays on the cores it was given at its priority (a seccomp filter installed before any
-  candidate code: confine.py); processes it starts are killed and reject it.
+- The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
+  before any candidate code: confine.py); on the CPU it may not start processes, on a GPU those it starts
+  are killed and reject it. In the namespace the project and the home directory are read-only to it.
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
   namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
 
-Not protected: a candidate can still make its own bookkeeping (drawing inputs, digests) no faster than
-the reference's (it gains nothing) or slower (it pays); outputs of calls not chosen for checking are bound
+Not protected: work moved into a bookkeeping step (drawing inputs, digests) is charged, but the upper half
+of that step's noise is not, so such a candidate saves about 0.4 of the step's spread (a few percent where
+drawing a call's inputs costs as much as the call); outputs of calls not chosen for checking are bound
 only by their digests, so a candidate that skips a fraction f of its calls is caught with probability
 1-(1-f)^k over k checks; without a namespace, a process that clears its environment and leaves its
 worker's tree escapes the sweep, and the runner can signal the reference worker (its death then rejects

@@ -107,6 +107,12 @@ def _install_build_defaults(cfg: dict) -> dict:
         seen.add(name)
         if reusable and _read(stamp) == fingerprint and os.path.exists(os.path.join(build_dir, name + ".so")):
             return ce._import_module_from_library(name, build_dir, True)
+        if reusable:
+            # A name made at import time (a uuid, a counter) differs between the builder and the runner: the
+            # library the builder made from the same sources and flags is the one to load, under its name.
+            built = _built_under_another_name(os.path.dirname(build_dir), _call_fingerprint(bound, anonymous=True))
+            if built is not None:
+                return ce._import_module_from_library(built[0], built[1], True)
         if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
             try:
                 _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
@@ -127,6 +133,8 @@ def _install_build_defaults(cfg: dict) -> dict:
         if fingerprint and build_dir and not cfg.get("prebuilt"):
             with open(stamp, "w") as f:
                 f.write(fingerprint)
+            with open(os.path.join(build_dir, "pacevolve-call-anonymous.sha256"), "w") as f:
+                f.write(_call_fingerprint(bound, anonymous=True))
         return module
 
     if pch_ok:
@@ -184,8 +192,20 @@ def _cu_text(cuda_sources) -> str:
     return "\n".join(["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + sources)
 
 
-def _call_fingerprint(arguments: dict) -> str:
-    return hashlib.sha256(json.dumps(arguments, sort_keys=True, default=repr).encode()).hexdigest()
+def _call_fingerprint(arguments: dict, anonymous: bool = False) -> str:
+    """A load_inline call's arguments, hashed; anonymous: without its name."""
+    kept = {k: v for k, v in arguments.items() if not (anonymous and k == "name")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _built_under_another_name(root: str, anonymous: str) -> tuple[str, str] | None:
+    """(name, build directory) of a library in root built by a call with these arguments but another name."""
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        build_dir = os.path.join(root, name)
+        if (_read(os.path.join(build_dir, "pacevolve-call-anonymous.sha256")) == anonymous
+                and os.path.exists(os.path.join(build_dir, name + ".so"))):
+            return name, build_dir
+    return None
 
 
 def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:

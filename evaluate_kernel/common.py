@@ -131,7 +131,7 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
     return worst
 
 
-def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 256 << 20) -> list[int]:
+def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 1 << 30) -> list[int]:
     """A 64-bit commitment to the exact bits of each call's outputs (calls: one list of tensors per call).
 
     A sum of per-element terms would be linear: a candidate could ship a right output afterwards and tune
@@ -150,7 +150,7 @@ def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 2
     return tree_digests(calls, weights, chunk_bytes)
 
 
-def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 256 << 20) -> list[int]:
+def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 1 << 30) -> list[int]:
     """The GPU's digest (see digests), on whatever device the outputs are."""
     import torch
     weights = {} if weights is None else weights

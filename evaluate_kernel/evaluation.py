@@ -153,9 +153,10 @@ class Evaluation:
                 if isinstance(c, EvalResult):
                     return c
                 cands.append(c)
-                if i == 0:   # the warm-up pair fixes n from both sides' speed
-                    n_next = clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical(refs[-1:])), per_call_bytes,
-                                                   opts.batch_ms, opts.max_batch_ms, budget)
+                if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
+                    # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
+                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical(refs[-1:])),
+                                                          per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
                 else:
                     n_next = n
                 # The calls to check, chosen now that their digests are in; shipped before the runner stops.
@@ -172,7 +173,8 @@ class Evaluation:
                     return bad
                 n = n_next
                 f = clock.figures(refs, cands)
-                if clock.enough(f, target, opts.min_pairs) or time.monotonic() - started > budget_s:
+                out_of_time = time.monotonic() - started > budget_s and f is not None   # one pair counts, always
+                if clock.enough(f, target, opts.min_pairs) or out_of_time:
                     break
             if gpu:
                 self.details["probe_idle_ms"] = dev.info.get("probe_ms")

@@ -76,7 +76,12 @@ class Evaluator:
         # Builder and runner (the processes that run candidate code) start in a namespace where one works.
         problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
         self._key_dir = os.path.abspath(key_dir or default_key_dir())
-        read_only = [self._code.import_dir, self._code.source_dir, *python_dirs(), *self.import_dirs]
+        # Read-only for candidates: the code they run, the Python installation, the import directories, the
+        # project this package sits in (a candidate must not rewrite the search that runs it) and the home
+        # directory (startup files); the cache, bound writable first, stays writable inside them.
+        home = os.path.expanduser("~")
+        read_only = [self._code.import_dir, self._code.source_dir, os.path.dirname(self._code.source_dir),
+                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else [])]
         if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
@@ -275,9 +280,14 @@ class Evaluator:
         # variable of our own that eval_worker.py appends after site-packages (PYTHONPATH stays for the
         # programs a build runs).
         user_site = [d for d in [site.getusersitepackages()] if site.ENABLE_USER_SITE and d in sys.path]
+        # Caches that libraries keep under the home directory (read-only to workers in a namespace) go
+        # into the evaluator's cache instead: CUDA's JIT cache, Triton's, Inductor's, anything XDG.
+        caches = {name: os.path.join(self.cache_dir, sub) for name, sub in (
+            ("CUDA_CACHE_PATH", "nv"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+            ("XDG_CACHE_HOME", "xdg"))}
         return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
                             PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
-                            **malloc, **extra)
+                            **malloc, **caches, **extra)
 
     def job(self, role: str, **kw) -> dict:
         job = dict(role=role, reference_src=self.reference_src, allow_tf32=self.opts.allow_tf32,

@@ -97,17 +97,23 @@ class Worker:
         self.prepped = False  # runners: "prep" sent
         self.ready = False  # runners: "ready" received (start-up done)
 
-    def main_pid(self) -> int:
-        """The worker's Python process (in a namespace, the child of unshare), for its CPU time."""
+    def main_pid(self, wait_s: float = 5.0) -> int:
+        """The worker's Python process (in a namespace, the child of unshare: found once unshare has made
+        it, never unshare itself, which must not be stopped or timed in its place)."""
         if self.namespace is None:
             return self.proc.pid
-        pid = self.proc.pid
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except (OSError, ValueError):  # a kernel without that file: look for our child by its parent
-            children = [c for c in _pids() if _parent_of(c) == pid]
-        return children[0] if children else pid
+        pid, deadline = self.proc.pid, time.monotonic() + wait_s
+        while True:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):  # a kernel without that file: look for our child by its parent
+                children = [c for c in _pids() if _parent_of(c) == pid]
+            if children:
+                return children[0]
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise EOFError("the worker's namespace has no process")
+            time.sleep(0.01)
 
     def send(self, msg: dict) -> None:
         msg = dict(msg, nonce=self.nonce)

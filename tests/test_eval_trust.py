@@ -341,12 +341,13 @@ class ModelNew(nn.Module):
 
 
 def test_namespace_confines_builder_and_runner(ev, tmp_path):
-    """In the namespace: the evaluator's code, source and Python installation are read-only, the
-    evaluator's processes are invisible, and a daemon that leaves the worker's tree dies with it."""
+    """In the namespace: the evaluator's code, source, the project it sits in, the home directory and the
+    Python installation are read-only, the evaluator's processes are invisible, and a daemon that leaves
+    the worker's tree dies with it."""
     if ev.isolation != "pid+mount namespace":
         pytest.skip(f"no namespace here: {ev.isolation}")
     import site
-    targets = [ev._code.dir, ev._code.source_dir, site.getsitepackages()[0]]
+    targets = [str(Path(ek.__file__).parent), str(REPO), os.path.expanduser("~"), site.getsitepackages()[0]]
     marker = f"pacevolve-test-escape-{os.getpid()}-{time.monotonic_ns()}"
     report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
     code = PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
@@ -402,12 +403,15 @@ def test_confinement_blocks_scheduling_and_on_the_cpu_processes():
             "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
             "print(tries(lambda: os.sched_setaffinity(0, set(range(os.cpu_count())))),"
             " tries(lambda: os.setpriority(os.PRIO_PROCESS, 0, -5)),"
-            " tries(lambda: os.waitpid(os.posix_spawn('/bin/true', ['/bin/true'], {}), 0)))\n")
+            " tries(lambda: os.waitpid(os.posix_spawn('/bin/true', ['/bin/true'], {}), 0)))\n"
+            "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(ctypes.get_errno() if libc.syscall(425, 4, ctypes.create_string_buffer(128)) < 0 else 'allowed')\n")
     for device, spawn in (("cpu", "1"), ("cuda", "allowed")):
         out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=60)
         lines = out.stdout.split("\n")
         assert lines[0] == "''", out.stdout + out.stderr
         assert lines[1].split() == ["1", "1", spawn], lines
+        assert lines[2] == "1", lines   # io_uring_setup: EPERM (its kernel workers would outlive a SIGSTOP)
 
 
 def test_baseline_info_reports_the_protocols_self_check():
