@@ -377,7 +377,7 @@ class ModelNew(nn.Module):
 '''
 
 
-@pytest.mark.slow   # 27 s on the 2-core machine at load 1, a minute at load 3: eight timed evaluations
+@pytest.mark.slow   # 13-31 s on the 2-core machine (a minute at load 3): three to seven timed evaluations
 def test_on_a_shared_cpu_the_run_best_is_the_fastest_of_three_honest_candidates(tmp_path):
     """Three honest candidates doing the work once, twice and three times, offered middle, fastest,
     slowest: the run's best must be the one an independent same-process benchmark finds fastest."""
