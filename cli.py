@@ -53,6 +53,7 @@ class Config:
     k_hyp: int = 20
     proposals: int = 3
     repairs: int = 2
+    head_to_head: int = 2        # ranking.HEAD_TO_HEAD_ROUNDS
     target_speedup: float | None = None
     token_budget: int | None = None
     max_llm_failures: int = 5
@@ -291,6 +292,10 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--proposals", type=_count, default=Config.proposals, help="ideas proposed per generation")
     a("--repairs", type=_non_negative_int, default=Config.repairs,
       help="LLM repairs of a failing candidate within one generation")
+    a("--head-to-head", type=_non_negative_int, default=Config.head_to_head,
+      help="when a candidate leads an island's or the run's best by less than the measured noise (or the "
+           "evaluator reports none), measure both N more times, alternately, before the title changes "
+           "hands; 0 trusts single measurements")
 
     group = p.add_argument_group("evaluation")
     a("--gpus", type=_gpus, metavar="IDS",

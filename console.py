@@ -17,15 +17,16 @@ import models
 REASON_CHARS = 110
 
 
-def generation_result(gen, score: float | None, s0: float, llm_failures: list[str]) -> str:
+def generation_result(gen, score: float | None, s0: float, llm_failures: list[str], shown: str | None = None) -> str:
     """The result part of a generation's progress line. `gen` is an hcm.GenerationResult, `score` the
     run's score of its last candidate (None when it has none), `llm_failures` the classes of the LLM calls
-    that failed during it."""
+    that failed during it, `shown` the scored candidate's measured figures as the search words them
+    (ranking.describe: both times, the speedup and its noise band)."""
     if gen.status == "llm_error" and llm_failures:
         return f"llm_error ({', '.join(sorted(set(llm_failures)))})"
     outcome = gen.outcome
     if score is not None:
-        text = f"{s0 / score:.2f}x ({score:.4g} ms)"
+        text = shown or f"{s0 / score:.2f}x ({score:.4g} ms)"
     elif outcome is None:
         text = gen.status   # no candidate: no_program, duplicate_program, llm_error, ...
     elif outcome.status == "ok":   # the evaluator said ok, but its runtime is no number to rank by
@@ -45,16 +46,18 @@ def generation_result(gen, score: float | None, s0: float, llm_failures: list[st
     return text
 
 
-def final_lines(why: str, cause: str, best: dict | None, s0: float, path, report) -> tuple[str, str]:
+def final_lines(why: str, cause: str, best: dict | None, s0: float, path, report,
+                shown: str | None = None) -> tuple[str, str]:
     """The last line on stdout ("done: ..." or "stopped: ..." with the best and the reports) and, for a run
-    stopped by `cause` ("llm" or "evaluator"; "" when it ended normally), the fix on stderr ("" if none)."""
+    stopped by `cause` ("llm" or "evaluator"; "" when it ended normally), the fix on stderr ("" if none).
+    `shown`: the best's measured figures as the search words them (ranking.describe)."""
     if best is None:
         found = "No correct candidate. "
-    elif best["runtime_ms"] < s0:
-        found = f"Best {best['speedup']:.3f}x ({best['runtime_ms']:.4g} ms) in {path / 'best.py'}. "
     else:
-        found = (f"No candidate beat the reference; the fastest correct one ({best['speedup']:.3f}x, slower) "
-                 f"is in {path / 'best.py'}. ")
+        figures = shown or f"{best['speedup']:.3f}x ({best['runtime_ms']:.4g} ms)"
+        found = (f"Best {figures} in {path / 'best.py'}. " if best["runtime_ms"] < s0 else
+                 f"No candidate beat the reference; the fastest correct one ({figures}, slower) is in "
+                 f"{path / 'best.py'}. ")
     done = f"{'stopped' if cause else 'done'}: {why}. {found}Report: {report}, {path / 'report.html'}"
     if cause == "llm":
         return done, (f"run.py: stopped: {why}. Fix the LLM set-up, then continue with: python run.py --resume "

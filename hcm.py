@@ -30,7 +30,11 @@ Beyond the algorithm box (decisions the paper leaves open, and fixes to the offi
   - an identical normalised program is never evaluated twice (see `program_hash`);
   - an unusable reply gets one format reminder; an LLM exception is a recorded failure, never a crash;
   - idea ids are never reused, so log entries stay unambiguous (the official code renumbers);
-  - prompts have a size budget: history that does not fit loses whole records, with a count.
+  - prompts have a size budget: history that does not fit loses whole records, with a count;
+  - a record keeps the planned experiment and the implementer's own words on what it built; two
+    proposals refining one idea in one classification batch are both kept (merge_descriptions);
+  - replies reach the parsers exactly as the LLM sent them; every unusable one is a note that
+    `count_unusable` reads, per prompt kind.
 `merge_pools` and `prune_pool` serve crossover (§3.3): bring a partner island's ideas in, then cap P.
 Not here: parent selection, backtracking and the crossover decision (run.py, momentum.py, crossover.py),
 the evaluator (evaluate_kernel.py), the task background (background.py). Lower score is better throughout.
@@ -45,13 +49,16 @@ from typing import Callable
 
 from hcm_parsers import (Choice, Classification, Selection, code_problem, extract_code, parse_choice,  # noqa: F401
                          parse_classification, parse_classifications, parse_drop_list,
-                         parse_duplicate_verdict, parse_ideas, parse_selection, parse_summary)
+                         parse_duplicate_verdict, parse_ideas, parse_implemented, parse_selection,
+                         parse_summary)
 from hcm_prompts import (CLASSIFY_PROMPT, DUPLICATE_NOTE, DUPLICATE_PROMPT, IDEA_GEN_PROMPT,  # noqa: F401
                          IMPLEMENT_PROMPT, MARKER, PRUNE_PROMPT, REMINDER, REPAIR_PROMPT, SELECT_PROMPT,
-                         SUMMARY_PROMPT, code_block, drop_example, locate, plural, prompt_kind, render_dropped,
-                         render_idea_records, render_log_entries, render_pool, render_record)
+                         SUMMARY_PROMPT, code_block, drop_example, legend_line, locate, plural, prompt_kind,
+                         render_dropped, render_idea_records, render_log_entries, render_pool, render_record,
+                         shows_results)
 from hcm_state import (STATE_VERSION, GlobalLog, Hypothesis, Idea, IdeaPool, LogEntry, Outcome,  # noqa: F401
-                       merge_pools, normalise_program, program_hash, program_id, record)
+                       clip, merge_descriptions, merge_pools, normalise_program, program_hash, program_id,
+                       record)
 
 LLM = Callable[[str], str]
 
@@ -80,6 +87,7 @@ class TaskContext:
     direction: str = "score = runtime in ms, lower is better"
     reference: str = ""           # the reference program (the function to reproduce), shown once per prompt
     brief: str = ""               # short background for the planning prompts (default: background)
+    legend: str = ""              # what a result's figures mean: said once in every prompt showing results
 
 
 @dataclass
@@ -182,10 +190,12 @@ def _generate_ideas(g: _Generation) -> tuple[list[str], Choice | None, bool]:
     has none) and whether the LLM call failed."""
     ids = g.pool.ids()
     # the reference is shown while it is the parent; later the parent's code comes with the implementation
+    shown = bool(g.task.reference) and g.parent.is_reference
     fields = dict(task=g.task.name, background=g.task.brief or g.task.background,
-                  reference=code_block(g.task.reference if g.parent.is_reference else "",
+                  reference=code_block(g.task.reference if shown else "",
                                        "Reference program (`Model` is the function to reproduce):"),
-                  parent=_parent_text(g), dropped=render_dropped(g.log), n=g.cfg.n_proposals,
+                  parent=_parent_text(g, reference_shown=shown), dropped=render_dropped(g.log),
+                  legend=_legend(g), uncovered=_uncovered(g), n=g.cfg.n_proposals,
                   count=plural(g.cfg.n_proposals, "idea") + ", then the choice",
                   novelty=(" At least one idea must lie outside every existing idea."
                            if len(ids) <= g.cfg.k_idea else ""),
@@ -224,11 +234,15 @@ def _classify(g: _Generation, proposals: list[str]) -> dict[int, int]:
                                     proposals=listed, count=plural(n, "section"))
     reply = g.caller.ask(prompt, check, cheap=True)     # line 4, for every proposal at once
     found = reply.value if reply.value is not None else parse_classifications(reply.text, n)
+    refined: set[int] = set()                           # ideas this batch has updated already
     for k, proposal in enumerate(proposals, start=1):   # in order: lines 5-8
         c = found.get(k)
         if c is not None and c.exists and g.pool.get(c.idea_id) is not None:
             idea = g.pool.get(c.idea_id)
-            idea.description = c.description or idea.description
+            if c.description:   # a second update of one idea adds to the first instead of replacing it
+                idea.description = (merge_descriptions(idea.description, c.description) if idea.id in refined
+                                    else c.description)
+                refined.add(idea.id)
             g.events.append(f"merged proposal {k} into idea {idea.id}: {proposal}")
         else:
             answered = c is not None and not c.exists
@@ -273,11 +287,12 @@ def _choose(g: _Generation, choice: Choice | None, placed: dict[int, int],
             return idea, experiment, None
         if round_ < g.cfg.max_duplicate_retries:
             g.events.append(f"experiment repeats logged {repeat}; asking for a different one")
-            note = DUPLICATE_NOTE.format(what=f"'{experiment}' repeats {repeat}")
+            note = DUPLICATE_NOTE.format(what=f"'{experiment}' repeats '{repeat.split(': ', 1)[-1]}'")
             idea = None
     result.status = "duplicate_experiment"
     record(g.log, idea, Hypothesis(experiment, status="duplicate_experiment",
-                                   result=f"not evaluated: repeats logged {repeat}"))
+                                   result=f"not evaluated: repeats an experiment already run: "
+                                          f"{repeat.split(': ', 1)[-1]}"))
     return idea, experiment, "duplicate_experiment"
 
 
@@ -285,8 +300,9 @@ def _select(g: _Generation, note: str) -> tuple[_Reply, Selection | None]:
     """Alg. 1 line 11 on its own: I_sel, H_new <- LLM_select(P). Returns the reply and the last parsed
     selection (possibly invalid, for the fallbacks)."""
     ids = g.pool.ids()
-    fields = dict(task=g.task.name, background=g.task.brief or g.task.background, parent=_parent_text(g),
-                  dropped=render_dropped(g.log), note=note, valid_ids=", ".join(map(str, ids)))
+    fields = dict(task=g.task.name, background=g.task.brief or g.task.background,
+                  parent=_parent_text(g, reference_shown=False), dropped=render_dropped(g.log), note=note,
+                  legend=_legend(g), uncovered=_uncovered(g), valid_ids=", ".join(map(str, ids)))
 
     def check(text: str) -> tuple[Selection | None, str]:
         s = parse_selection(text)
@@ -336,7 +352,9 @@ def _is_repeat(g: _Generation, idea: Idea, experiment: str) -> str:
     similar = similar_experiments(g.log, experiment, g.cfg.similarity, g.cfg.max_similar)
     if not similar:
         return ""
+    shown = [g.log.tried[n - 1].hypothesis for n in similar]
     prompt = DUPLICATE_PROMPT.format(task=g.task.name, log=render_log_entries(g.log, sorted(similar)),
+                                     legend=legend_line(g.task.legend, shows_results(records=shown)),
                                      idea_id=idea.id, idea=idea.description, experiment=experiment)
     reply = g.caller.ask(prompt, lambda t: (parse_duplicate_verdict(t), "no 'Repeat: yes/no' line"), cheap=True)
     if reply.value is None or not reply.value[0]:
@@ -354,37 +372,40 @@ def _implement_and_evaluate(g: _Generation, idea: Idea, experiment: str, execute
     fields = dict(task=g.task.name, background=g.task.background,
                   reference="",   # a candidate parent passed the evaluator: it carries the contract itself
                   parent_role=parent.role, parent_metric=parent.metric, parent_source=parent.source.strip(),
-                  idea_id=idea.id, idea=idea.description, experiment=experiment)
+                  legend=legend_line(g.task.legend, True), idea_id=idea.id, idea=idea.description,
+                  experiment=experiment)
     skeleton = IMPLEMENT_PROMPT.format(records="", **fields)
-    prompt = IMPLEMENT_PROMPT.format(records=render_idea_records(idea, max(0, g.cfg.prompt_chars - len(skeleton))),
-                                     **fields)
+    records = render_idea_records(idea, max(0, g.cfg.prompt_chars - len(skeleton)))
+    fields["legend"] = legend_line(g.task.legend, not parent.is_reference or "  - [ok]" in records)
+    prompt = IMPLEMENT_PROMPT.format(records=records, **fields)
     reply = g.caller.ask(prompt, lambda t: (extract_code(t), code_problem(t)))
     if reply.value is None:
         status = "llm_error" if reply.llm_error else "no_program"
         result.status = status
         record(g.log, idea, Hypothesis(experiment, status=status, result=f"{status}: {reply.reason}"))
         return
-    program = reply.value
+    program, built = reply.value, parse_implemented(reply.text)
     result.program, result.program_id = program, program_id(program)
     h = program_hash(program)
     if h in g.log.program_hashes or h == program_hash(parent.source):   # the same program: free check
         result.status = "duplicate_program"
         what = "the parent program" if h == program_hash(parent.source) else "an already evaluated program"
         record(g.log, idea, Hypothesis(experiment, result.program_id, "duplicate_program",
-                                       result=f"not evaluated: identical to {what}"))
+                                       result=f"not evaluated: identical to {what}", implemented=built))
         return
-    program, outcome = _evaluate_with_repairs(g, program, idea, experiment, execute, result)
+    program, outcome, built = _evaluate_with_repairs(g, program, built, idea, experiment, execute, result)
     result.program, result.program_id, result.outcome = program, program_id(program), outcome
     result.status = "execute_error" if outcome.status == "execute_error" else "evaluated"
     lines = [f"{a['program_id']}: {_one_liner(Outcome.from_dict(a))}" for a in result.attempts]
     one = _one_liner(outcome) + (f" (after {plural(len(lines) - 1, 'repair')})" if len(lines) > 1 else "")
     record(g.log, idea, Hypothesis(experiment, result.program_id, outcome.status, outcome.score,
-                                   outcome.metric, one, lines))                      # lines 14-15
+                                   outcome.metric, one, lines, built))               # lines 14-15
 
 
-def _evaluate_with_repairs(g: _Generation, program: str, idea: Idea, experiment: str, execute,
-                           result: GenerationResult) -> tuple[str, Outcome]:
-    """Alg. 1 line 13 plus the repair loop. Returns (final program, final Outcome)."""
+def _evaluate_with_repairs(g: _Generation, program: str, built: str, idea: Idea, experiment: str, execute,
+                           result: GenerationResult) -> tuple[str, Outcome, str]:
+    """Alg. 1 line 13 plus the repair loop. Returns (final program, final Outcome, what the implementer
+    says the final program does)."""
     parent_hash = program_hash(g.parent.source)
     reference = code_block(g.task.reference, "Reference program (`Model` is the function to reproduce):")
     while True:
@@ -395,7 +416,7 @@ def _evaluate_with_repairs(g: _Generation, program: str, idea: Idea, experiment:
             g.log.program_hashes.add(program_hash(program))
         repairs = len(result.attempts) - 1
         if outcome.status in ("ok", "execute_error") or repairs >= g.cfg.max_repairs:
-            return program, outcome
+            return program, outcome, built
         prompt = REPAIR_PROMPT.format(task=g.task.name, background=g.task.background, reference=reference,
                                       idea_id=idea.id, idea=idea.description, experiment=experiment,
                                       status=outcome.status, program=program.strip(),
@@ -403,13 +424,13 @@ def _evaluate_with_repairs(g: _Generation, program: str, idea: Idea, experiment:
         reply = g.caller.ask(prompt, lambda t: (extract_code(t), code_problem(t)))
         if reply.value is None:
             g.events.append(f"repair {repairs + 1} gave no program: {reply.reason}")
-            return program, outcome
+            return program, outcome, built
         h = program_hash(reply.value)
         if h in g.log.program_hashes or h == parent_hash:
             g.events.append(f"repair {repairs + 1} returned an already evaluated program; stopping repairs")
-            return program, outcome
+            return program, outcome, built
         g.events.append(f"repair {repairs + 1} after {outcome.status}")
-        program = reply.value
+        program, built = reply.value, parse_implemented(reply.text) or built
 
 
 def _summarise(g: _Generation, idea: Idea) -> None:
@@ -418,7 +439,8 @@ def _summarise(g: _Generation, idea: Idea) -> None:
     prompt = SUMMARY_PROMPT.format(task=g.task.name, direction=g.task.direction, idea_id=idea.id,
                                    idea=idea.description, best=idea.best_metric or "none yet",
                                    summary=idea.summary or "(none)",
-                                   records="\n".join(render_record(h) for h in idea.hypotheses))
+                                   records="\n".join(render_record(h) for h in idea.hypotheses),
+                                   legend=legend_line(g.task.legend, shows_results(ideas=[idea])))
     reply = g.caller.ask(prompt, lambda t: (parse_summary(t), "no 'Key findings:' line"), cheap=True)
     ok = sum(h.status == "ok" for h in idea.hypotheses)
     text = reply.value or (f"{idea.summary} " if idea.summary else "") + \
@@ -436,7 +458,8 @@ def _prune(g: _Generation) -> None:
     """Alg. 1 lines 21-24: drop exactly |P| - K_idea ideas, chosen by the LLM; pruned ideas go to L."""
     pool, n_drop, ids = g.pool, len(g.pool.ideas) - g.cfg.k_idea, g.pool.ids()
     fields = dict(task=g.task.name, direction=g.task.direction, cap=g.cfg.k_idea, n_drop=n_drop,
-                  ids_word="id" if n_drop == 1 else "ids", example=drop_example(n_drop))
+                  ids_word="id" if n_drop == 1 else "ids", example=drop_example(n_drop),
+                  legend=legend_line(g.task.legend, shows_results(pool)))
     reply = g.caller.ask(_fit(PRUNE_PROMPT, fields, g),
                          lambda t: (parse_drop_list(t), "no 'Dropping Ideas: [ids]' list"), cheap=True)
     named = list(dict.fromkeys(reply.value or []))
@@ -459,6 +482,28 @@ def _prune(g: _Generation) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Helpers: prompt assembly within the budget, the LLM caller, results in one line.
 
+def _legend(g: _Generation) -> str:
+    """The figures' legend for the idea and selection prompts: they show the parent's result, the
+    island's best and the pool's (the reference's own time needs none)."""
+    shown = not g.parent.is_reference or bool(g.parent.best) or shows_results(g.pool, g.log.pruned)
+    return legend_line(g.task.legend, shown)
+
+
+def _uncovered(g: _Generation) -> str:
+    """ "that no record above covers", where the prompt shows records."""
+    return " that no record above covers" if any(i.hypotheses for i in g.pool.ideas) else ""
+
+
+def count_unusable(notes: list[str]) -> dict[str, int]:
+    """Returns, per prompt kind, how many replies could not be used (each got a format reminder, or was
+    the reminder's answer), read from a generation's or prune_pool's notes."""
+    counts: dict[str, int] = {}
+    for note in notes:
+        if m := re.match(r"unusable (\w+) reply: ", note):
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
 def _budget(g: _Generation, used: int) -> int:
     return max(0, g.cfg.prompt_chars - used)
 
@@ -469,12 +514,13 @@ def _fit(template: str, fields: dict, g: _Generation) -> str:
     return template.format(pool=render_pool(g.pool, _budget(g, len(skeleton))), **fields)
 
 
-def _parent_text(g: _Generation) -> str:
+def _parent_text(g: _Generation, reference_shown: bool) -> str:
     """The parent as the idea and selection prompts state it: how it was chosen, its result, where its
-    record is, and the island's best result when that is another program."""
+    record is, and the island's best result when that is another program. The reference's code is
+    pointed at only where the prompt shows it."""
     p = g.parent
-    what = "the PyTorch reference itself (class Model, shown above)" if p.is_reference and g.task.reference \
-        else ("the PyTorch reference itself (class Model)" if p.is_reference else "")
+    what = ("the PyTorch reference itself (class Model, shown above)" if reference_shown
+            else "the PyTorch reference itself" if p.is_reference else "")
     lines = [f"{p.role[:1].upper()}{p.role[1:]}: {p.metric}" + (f"; {what}" if what else ".")]
     if where := locate(g.pool, g.log, p.program_id):
         lines.append(f"Its record: {where}.")
@@ -515,7 +561,7 @@ class _Caller:
                 text = _ask(fn, prompt if attempt == 0 else prompt + REMINDER.format(reason=reason),
                             prompt_kind(prompt), attempt)
             except Exception as exc:  # any client failure is a recorded failure, never a crash
-                msg = f"LLM call failed ({prompt_kind(prompt)}): {type(exc).__name__}: {_short(exc, 300)}"
+                msg = f"LLM call failed ({prompt_kind(prompt)}): {type(exc).__name__}: {clip(exc, 300)}"
                 self.events.append(msg)
                 return _Reply(reason=msg, llm_error=True, text=text)
             text = text if isinstance(text, str) else ""
@@ -523,6 +569,7 @@ class _Caller:
             if value is not None:
                 return _Reply(value=value, text=text)
             self.events.append(f"unusable {prompt_kind(prompt)} reply: {reason}")
+        self.events.append(f"no usable {prompt_kind(prompt)} reply after {plural(self.retries, 'format reminder')}")
         return _Reply(reason=reason, text=text)
 
 
@@ -538,20 +585,16 @@ def _execute(execute, program: str) -> Outcome:
     try:
         out = execute(program)
     except Exception as exc:  # the caller's evaluator broke: a recorded failure, not a crash
-        return Outcome("execute_error", message=f"{type(exc).__name__}: {_short(exc, 300)}")
+        return Outcome("execute_error", message=f"{type(exc).__name__}: {clip(exc, 300)}")
     if isinstance(out, Outcome):
         return out
     return Outcome("execute_error", message=f"execute returned {type(out).__name__}")
 
 
 def _one_liner(outcome: Outcome) -> str:
-    """The result of a record: the metric, or the status with the evaluator's message (its first 400
-    characters: evaluator messages are short by contract; this bounds a broken one)."""
+    """The result of a record: the metric, or the status with the evaluator's message (up to 400
+    characters: evaluator messages are short by contract; this bounds a broken one, with a mark)."""
     if outcome.status == "ok":
         return outcome.metric or f"score {outcome.score}"
-    return f"{outcome.status}: {_short(outcome.message or 'no message', 400)}"
+    return f"{outcome.status}: {clip(outcome.message or 'no message', 400)}"
 
-
-def _short(text, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -8,6 +8,7 @@ None, never raise, when a reply holds no answer.
     parse_classifications  one classification per proposal of a batched classification reply
     parse_selection        idea id, experiment (and a program, when there is one) of a selection reply
     extract_code           the candidate program: the last complete fenced block defining ModelNew
+    parse_implemented      the implementer's own words on what its program does ("Implemented: ...")
     parse_duplicate_verdict, parse_summary, parse_drop_list
 """
 from __future__ import annotations
@@ -15,6 +16,11 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+
+from hcm_state import clip
+
+SUMMARY_CHARS = 800       # key findings kept per summary (the prompt asks for four sentences)
+IMPLEMENTED_CHARS = 400   # the implementer's description kept per record (the prompt asks for two sentences)
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 
@@ -281,8 +287,21 @@ def parse_summary(text: str) -> str | None:
     if found:
         k, rest = found[0]
         body = " ".join(" ".join([rest] + [ln for ln in lines[k + 1:] if ln]).split())
-        return body[:800] or None
+        return clip(body, SUMMARY_CHARS) or None
     return None
+
+
+def parse_implemented(text: str) -> str:
+    """Returns what the implementer says its program does: the "Implemented: ..." paragraph outside
+    the code, else the prose outside the code blocks; "" when there is none. Long text is clipped, with
+    a mark."""
+    lines = _plain_lines(text)
+    found = _labelled(lines, r"implemented|implementation|what (?:the|this) (?:code|program) does|built")
+    if found:
+        body = _paragraph(lines, found[0][0], found[0][1], r"^(cause|experiment|idea|reasoning)\b")
+    else:
+        body = " ".join(ln for ln in lines if ln)
+    return clip(body, IMPLEMENTED_CHARS)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,10 @@ apart. Which prompt shows what (no prompt carries the same code twice):
     summary, prune   an idea's records / the pool, for the secondary model (lines 17-24)
 
 Records are never cut: a pool that does not fit its budget loses whole records, oldest first, and says
-how many; an idea's key findings stand for what its summarised records held.
+how many; an idea's key findings stand for what its summarised records held. A record shows the planned
+experiment and, when the implementer described it, what the program built does. A prompt that shows
+results says once what their figures mean (TaskContext.legend), and no prompt points at text it does not
+hold: "above", "shown" and the like appear only beside what they name (tests/test_hcm.py checks every kind).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ We are running an evolutionary search that improves a program for the task "{tas
 {reference}
 ## Parent program
 {parent}
-
+{legend}
 ## Idea repository
 Each idea is a direction we have explored; its records are the experiments run to test it.
 {pool}
@@ -44,8 +47,8 @@ re-propose directions that were tested thoroughly or dropped, and leave ideas wh
 Balance new directions against tuning promising ones; a risky idea is welcome when it teaches us something
 about the problem.{novelty}
 Then choose what to test next, one of your proposals or an idea in the repository{valid_ids}, and state one
-concrete experiment for it: a specific change to the parent program that no record above covers. The parent's
-code comes with the request to write the program.
+concrete experiment for it: a specific change to the parent program{uncovered}.
+The parent's code comes with the request to write the program.
 
 ## Answer format ({count})
 Idea 1
@@ -93,14 +96,14 @@ We are running an evolutionary search that improves a program for the task "{tas
 
 ## Parent program
 {parent}
-
+{legend}
 ## Idea repository
 {pool}
 {dropped}{note}
 ## Your task
 Pick one idea from the repository (valid idea ids: {valid_ids}) and design one concrete experiment that tests
-it: a specific change to the parent program, not one already recorded above. The parent's code comes with the
-request to write the program.
+it: a specific change to the parent program{uncovered}.
+The parent's code comes with the request to write the program.
 
 ## Answer format
 Idea ID: <one of {valid_ids}>
@@ -110,7 +113,7 @@ Experiment: <the concrete change, one or two sentences>
 DUPLICATE_PROMPT = MARKER.format(kind="duplicate_check") + """
 Logged experiments for the task "{task}" that resemble a new proposal (numbers are log entries):
 {log}
-
+{legend}
 Proposed experiment (idea {idea_id}: {idea}):
 {experiment}
 
@@ -130,7 +133,7 @@ We are running an evolutionary search that improves a program for the task "{tas
 {background}
 {reference}
 ## Parent program ({parent_role}): {parent_metric}
-```python
+{legend}```python
 {parent_source}
 ```
 
@@ -143,8 +146,9 @@ Write the complete new program: the parent program with the experiment's change,
 `class ModelNew`.
 
 ## Answer format
-At most a few sentences, then the complete program in one ```python code block; the last code block of your
-reply is evaluated.
+Implemented: <one or two sentences on what your program does, as built (say so where it departs from the
+experiment)>
+Then the complete program in one ```python code block; the last code block of your reply is evaluated.
 """
 
 REPAIR_PROMPT = MARKER.format(kind="repair") + """
@@ -170,7 +174,9 @@ Find the cause and fix the program while keeping the experiment's intent. Do not
 (no fallback paths, no lowered precision, no try/except).
 
 ## Answer format
-One or two sentences on the cause, then the complete corrected program in one ```python code block.
+Cause: <one or two sentences>
+Implemented: <what the corrected program does, in one or two sentences>
+Then the complete corrected program in one ```python code block.
 """
 
 SUMMARY_PROMPT = MARKER.format(kind="summary") + """
@@ -180,7 +186,7 @@ Best result so far: {best} (kept beside the idea; do not restate it)
 Earlier key findings: {summary}
 Records:
 {records}
-
+{legend}
 ## Your task
 Condense the records into key findings in at most four sentences: which experiment gave the best result,
 what worked and what did not, and why where the records show it.
@@ -192,7 +198,7 @@ Key findings: <text>
 PRUNE_PROMPT = MARKER.format(kind="prune") + """
 The idea repository for the task "{task}" ({direction}):
 {pool}
-
+{legend}
 ## Your task
 We keep at most {cap} ideas, so exactly {n_drop} must be dropped. Prefer dropping ideas that the results
 clearly invalidate, ideas explored thoroughly that still trail the best result, ideas with little room left
@@ -209,7 +215,7 @@ Your previous reply could not be used: {reason}. Reply again and follow the answ
 
 DUPLICATE_NOTE = """
 ## Note
-Your previous proposal repeated a logged experiment ({what}). Choose a different experiment.
+Your previous proposal repeated an experiment already run ({what}). Choose a different experiment.
 """
 
 
@@ -236,13 +242,27 @@ def drop_example(n: int) -> str:
 
 
 def render_record(h) -> str:
-    return f"  - [{h.status}] {h.experiment} -> {h.result}"
+    """One record: the planned experiment, what the implementer says it built (when it said), the result."""
+    built = f" | built: {h.implemented}" if getattr(h, "implemented", "") else ""
+    return f"  - [{h.status}] {h.experiment}{built} -> {h.result}"
+
+
+def legend_line(legend: str, shown: bool) -> str:
+    """The line saying what result figures mean, for a prompt that shows results ("" otherwise)."""
+    return f"Figures: {legend}\n" if legend and shown else ""
+
+
+def shows_results(pool: IdeaPool | None = None, ideas: list | None = None, records: list | None = None) -> bool:
+    """Whether rendered text holds a measured result: an idea's best, a successful record."""
+    ideas = list(ideas or []) + (pool.ideas if pool else [])
+    return any(i.best_metric for i in ideas) or any(h.status == "ok" for h in records or [])
 
 
 def render_pool(pool: IdeaPool, budget: int | None = None, records: bool = True) -> str:
     """Returns the idea repository as prompt text: per idea its experiment count, best result, key
-    findings and records, each whole. When the text would pass `budget` characters, the oldest records
-    of the ideas with the most records shown are left out whole, and each idea says how many."""
+    findings and records, each whole (records=False: descriptions, counts and findings only, for the
+    classification). When the text would pass `budget` characters, the oldest records of the ideas with
+    the most records shown are left out whole, and each idea says how many."""
     if not pool.ideas:
         return "(empty: no ideas yet)"
     shown = {i.id: (len(i.hypotheses) if records else 0) for i in pool.ideas}
@@ -259,7 +279,7 @@ def _render_pool(pool: IdeaPool, shown: dict[int, int], records: bool) -> str:
     out = []
     for idea in pool.ideas:
         best = idea.best_metric or "no successful experiment yet"
-        out.append(f"Idea ID: {idea.id} | experiments: {idea.tried} | best: {best}")
+        out.append(f"Idea ID: {idea.id} | experiments: {idea.tried}" + (f" | best: {best}" if records else ""))
         out.append(f"  Description: {idea.description}")
         if idea.summary:
             out.append(f"  Key findings: {idea.summary}")

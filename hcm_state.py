@@ -7,6 +7,8 @@ their records, and what "the same program" means.
     IdeaPool    P; ids are never reused
     GlobalLog   L: every tried hypothesis, every pruned idea, every evaluated program's hash
     record()    Algorithm 1 lines 14-15: a result goes on its idea and into L
+    merge_descriptions()  two refinements of one idea in one classification batch, both kept
+    clip()      the one way text is shortened: at a word, with a mark saying how much was cut
     merge_pools()  crossover (§3.3): a partner's ideas join P; matching ideas receive the partner's records
     program_hash() the duplicate filter's identity of a program (comments and layout ignored)
 
@@ -55,6 +57,7 @@ class Hypothesis:
     metric: str = ""
     result: str = ""            # one line for prompts
     attempts: list[str] = field(default_factory=list)   # one line per evaluated attempt (repairs)
+    implemented: str = ""       # the implementer's own words on what the program does, as built
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +161,29 @@ def record(log: GlobalLog, idea: Idea | None, hyp: Hypothesis) -> None:
         idea.tried += 1
         _update_best(idea, hyp)
     log.tried.append(LogEntry(idea.id if idea else None, idea.description if idea else "", hyp))
+
+
+def merge_descriptions(first: str, second: str) -> str:
+    """Returns one description holding two refinements of the same idea: `first`, then the sentences of
+    `second` it does not already hold (ignoring case and spacing)."""
+    have = {_description_key(x) for x in _sentences(first)}
+    extra = [x for x in _sentences(second) if _description_key(x) not in have]
+    return " ".join([first.strip()] + extra).strip()
+
+
+def _sentences(text: str) -> list[str]:
+    return [x for x in re.split(r"(?<=[.!?;])\s+", " ".join(text.split())) if x]
+
+
+def clip(text: str, limit: int) -> str:
+    """Returns `text` on one line, whole when it has at most `limit` characters; otherwise cut at the last
+    word boundary before `limit`, followed by a mark such as "[cut: 1,234 more characters]"."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    head = head[:head.rfind(" ")] if " " in head[limit // 2:] else head   # a whole word when one is near
+    return f"{head.rstrip()} [cut: {len(text) - len(head.rstrip()):,} more characters]"
 
 
 def _update_best(idea: Idea, hyp: Hypothesis) -> None:

@@ -16,7 +16,9 @@ Behaviour (wire formats and rules in ../shared/notes/llm-apis.md):
 - one wall-clock deadline per call covers every attempt, every sleep and slowly trickled bodies;
 - a reply that is not an answer (empty, blocked, HTML, an error inside a 200) raises; a reply cut off by
   the output limit returns its text with `client.last.truncated = True`; reasoning never enters the text;
-- the API key is sent only in a header and is scrubbed from every error message.
+- the API key is sent only in a header and is scrubbed from every error message and log line (`redact`);
+  replies reach the caller exactly as sent, and a "key" shorter than MIN_SECRET_CHARS (a local server's
+  placeholder such as "x", "EMPTY" or "dummy") is never treated as a secret, so no text loses a letter.
 Left out: streaming, tools, images, async. Only `requests` (and its urllib3) beyond the standard library.
 """
 from __future__ import annotations
@@ -52,6 +54,9 @@ MAX_BODY_BYTES = 64 << 20
 QUOTA_MARKERS = ("insufficient_quota", "enforced_spend_limit", "perday", "billing_error")
 CONTEXT_MARKERS = ("context_length", "context length", "context window", "exceed_context", "maximum context",
                    "prompt is too long")
+# No hosted API issues a key this short (theirs run 32-110 characters); shorter values are local
+# servers' placeholders, which protect nothing, and redacting them would cut letters out of any text.
+MIN_SECRET_CHARS = 20
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -67,6 +72,11 @@ class LLMError(Exception):
     def __str__(self) -> str:
         where = " ".join(x for x in (self.provider, f"HTTP {self.status}" if self.status else "") if x)
         return f"{where}: {self.message}" if where else self.message
+
+    def redact(self, secret: str | None) -> None:
+        """Scrubs `secret` from the message (and the exception's args, which repr shows)."""
+        self.message = redact(self.message, secret)
+        self.args = tuple(redact(a, secret) if isinstance(a, str) else a for a in self.args)
 
 
 class AuthError(LLMError): """Bad or missing key, or no permission (401, 403, Gemini API_KEY_INVALID)."""
@@ -149,6 +159,11 @@ class Client:
         key = "set" if self._api_key else "none"
         return f"Client(provider={self.provider!r}, model={self.model!r}, base_url={self.base_url!r}, key={key})"
 
+    def redact(self, text: str) -> str:
+        """`text` with this client's API key replaced by "[redacted]": for error messages, logs and
+        transcripts, never for replies the search reads."""
+        return redact(text, self._api_key)
+
     @property
     def last(self) -> Reply | None:
         """The latest parsed reply of this thread (also set when that reply then raised), else None."""
@@ -177,6 +192,7 @@ class Client:
                 return self._attempt(url, headers, body, deadline).text
             except LLMError as err:
                 err.provider = self.provider
+                err.redact(self._api_key)   # some servers echo the key back in error messages
                 wait = self._retry_wait(err, attempt, deadline)
                 if wait is None:
                     self._count(failures=1)
@@ -202,8 +218,6 @@ class Client:
 
     def _attempt(self, url: str, headers: dict, body: dict, deadline: float) -> Reply:
         status, resp_headers, text = self._post(url, headers, body, deadline)
-        if self._api_key:  # some servers echo the key back in error messages
-            text = text.replace(self._api_key, "[redacted]")
         if not 200 <= status < 300:
             raise http_error(status, text, resp_headers)
         data = parse_json_object(text, status, resp_headers)
@@ -242,6 +256,14 @@ class Client:
         with self._lock:
             for name, n in amounts.items():
                 self.usage[name] += n
+
+
+def redact(text: str, secret: str | None) -> str:
+    """`text` with every occurrence of `secret` replaced by "[redacted]"; a secret shorter than
+    MIN_SECRET_CHARS is a placeholder and changes nothing."""
+    if not secret or len(secret) < MIN_SECRET_CHARS:
+        return text
+    return text.replace(secret, "[redacted]")
 
 
 def _transport_text(exc: Exception) -> str:

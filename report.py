@@ -2,16 +2,19 @@
 
     write_report(search, why)   # report.md (+ progress.png), from the search state and events.jsonl
 
-report.md says why the run stopped, the best program (or that nothing beat the reference), wall time (summed
-over resumes), evaluations per status, LLM calls, tokens and failures per error class, tokens per island, LLM
-calls and tokens per purpose (from the transcript, transcript.py), a replay's comparison with its recording,
-what the LLM calls cost (report_cost.py: per model, per candidate, per improvement of the best, the models
-chosen over the rounds), and per island its best-so-far trajectory and interventions. progress.png has three
-panels on one generation axis: every correct evaluation as a point with each island's best-so-far line, the
-interventions on the island where they happened and the reference at 1.0x; the failed evaluations in a band of
-their own (a row per island: x incorrect, | other failures); each island's momentum m_t in its own lane with
-eps_rel (log scale for a small eps_rel, as in report.html); the legend sits below, outside the panels.
-`progress_data` computes what is drawn, from the events alone, so it can be checked without
+report.md says why the run stopped, the best program with its measured times, speedup and noise band
+(or that nothing beat the reference), wall time (summed over resumes), evaluations per status and the
+head-to-heads that confirmed the ranking, LLM calls, tokens, failures per error class and replies that
+could not be parsed per prompt kind, tokens per island, LLM calls and tokens per purpose (from the
+transcript, transcript.py), a replay's comparison with its recording, what the LLM calls cost
+(report_cost.py: per model, per candidate, per improvement of the best, the models chosen over the
+rounds), per island its best and best-so-far trajectory, and the interventions with the weights that
+chose them. progress.png has three panels on one generation axis: every correct evaluation as a point
+with each island's best-so-far line, the interventions on the island where they happened and the
+reference at 1.0x; the failed evaluations in a band of their own (a row per island: x incorrect, | other
+failures); each island's momentum m_t in its own lane with eps_rel (log scale for a small eps_rel, as in
+report.html); the legend sits below, outside the panels. `progress_data` computes what is drawn, from the
+events alone, so it can be checked without
 looking at pixels.
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
              f"(wall time {wall_s / 60:.1f} min, all sessions)",
              f"- device: {hardware_name(search.device)}",
              f"- reference (s_0): {s0:.4g} ms; target r: {search.target:.4g} ms"]
-    lines.append("- " + best_summary(search.global_best, s0))
+    lines.append("- " + best_summary(search.global_best, s0, _text(search, (search.global_best or {}).get("program"))))
     for name, u in search.state()["usage"].items():
         if u:
             lines.append(f"- LLM {name}: {u.get('calls', 0)} {_plural(u.get('calls', 0), 'call')}, "
@@ -50,6 +53,7 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
         if watch.tokens:
             lines.append("- tokens per island: " + ", ".join(
                 f"island {k} {v:,}" for k, v in sorted(watch.tokens.items(), key=lambda kv: int(kv[0]))))
+    lines.append("- " + unusable_summary(getattr(search, "unusable", {})))
     lines.append("- evaluations: " + (", ".join(f"{k} {v}" for k, v in sorted(search.eval_counts.items()))
                                       or "none") + f"; CPU/GPU seconds checking and timing: "
                                                    f"{search.eval_seconds:.1f}")
@@ -62,8 +66,14 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     cost = report_cost.Cost.load(rd.path)
     if cost.worth_showing:
         lines.append(f"- LLM cost: {cost.headline()} (section LLM cost below)")
-    lines += purpose_table(transcript.read(rd.path))
     events = rd.events()
+    ledger = getattr(search, "ledger", None)
+    lines.append("- " + duel_summary([e for e in events if e.get("type") == "head_to_head"],
+                                     getattr(search, "remeasured", 0), ledger.rounds if ledger else 0))
+    actions = [a for island in search.islands for a in island.actions]
+    if actions:
+        lines.append("- " + weights_summary(actions))
+    lines += purpose_table(transcript.read(rd.path))
     eps = getattr(getattr(search, "cfg", None), "eps_rel", None)
     if plot_progress(progress_data(events, s0), search.task.name, rd.path / "progress.png", eps):
         lines += ["", "![every evaluation and the best so far per island](progress.png)"]
@@ -72,12 +82,11 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     for island in search.islands:
         best = island.best
         lines.append(f"### Island {island.index}: best "
-                     + (f"{best.score:.4g} ms ({s0 / best.score:.3f}x), program `{best.id}`"
-                        if best else "none"))
-        lines += ["", "| generation | island best ms | speedup |", "|---:|---:|---:|"]
+                     + (f"{_text(search, best.id)}, program `{best.id}`" if best else "none"))
+        lines += ["", "| generation | island best: speedup over the reference (confirmed) |", "|---:|---:|"]
         step = max(1, len(island.trajectory) // 25)
         for g, ms in island.trajectory[::step] + island.trajectory[-1:] * (step > 1):
-            lines.append(f"| {g} | {ms:.4g} | {s0 / ms:.3f}x |")
+            lines.append(f"| {g} | {s0 / ms:.3f}x |")
         if island.actions:
             lines += ["", "Interventions (Algorithm 2):", ""]
             for a in island.actions:
@@ -92,15 +101,71 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     return path
 
 
-def best_summary(best: dict | None, s0: float) -> str:
-    """One line on the best program: what beat the reference, or that nothing did."""
+def best_summary(best: dict | None, s0: float, text: str | None = None) -> str:
+    """One line on the best program: what beat the reference, or that nothing did. `text` is its
+    figures as ranking.describe writes them (measured times, speedup, noise band)."""
     if not best:
         return "no correct candidate yet"
+    text = text or f"{best['runtime_ms']:.4g} ms, {best['speedup']:.3f}x"
     if best["runtime_ms"] < s0:
-        return (f"**best: {best['runtime_ms']:.4g} ms, {best['speedup']:.3f}x the reference** "
-                f"(island {best['island']}, generation {best['generation']}, `best.py`)")
-    return (f"**nothing beat the reference ({s0:.4g} ms)**; the fastest correct candidate, "
-            f"{best['runtime_ms']:.4g} ms ({best['speedup']:.3f}x, slower), is in `best.py`")
+        return (f"**best: {text}** (island {best['island']}, generation {best['generation']}, `best.py`); "
+                f"the reference measured {s0:.4g} ms at the start")
+    return (f"**nothing beat the reference ({s0:.4g} ms at the start)**; the fastest correct candidate, "
+            f"{text}, slower, is in `best.py`")
+
+
+def best_header(task: str, hardware: str, s0: float, best: dict, text: str, standing: str) -> str:
+    """The comment lines that open best.py: the task, the figures measured (ranking.describe) and, when
+    the program is not shown to beat the reference (ranking.Ledger.standing), that it is not."""
+    verdict = {"not faster": "\n# NOT FASTER than the reference: nothing correct has beaten it yet; this is the "
+                             "fastest correct candidate found",
+               "within noise": "\n# within the noise of the reference: not shown to be faster than it"}
+    return (f"# pacevolve best for task {task} on {hardware}: {text}; the reference measured {s0:.4g} ms at "
+            f"the start{verdict.get(standing, '')}\n"
+            f"# island {best['island']}, generation {best['generation']}, program {best['program']}\n")
+
+
+def duel_summary(duels: list[dict], remeasured: int, rounds: int = 2) -> str:
+    """How the ranking was confirmed: head-to-heads fought, how many the challenger won, evaluations spent."""
+    if not rounds:
+        return "head-to-heads: off (--head-to-head 0: a candidate ahead on one measurement took the title)"
+    if not duels:
+        return ("head-to-heads: none (every change of an island's or the run's best was wider than the "
+                "measured noise, or there was none)")
+    won = sum(bool(d.get("crowned")) for d in duels)
+    return (f"head-to-heads: {len(duels)} (the challenger took the title in {won}, the incumbent kept it in "
+            f"{len(duels) - won}), {remeasured} {_plural(remeasured, 'evaluation')} spent re-measuring")
+
+
+def unusable_summary(counts: dict[str, int]) -> str:
+    """LLM replies that could not be parsed, per prompt kind (each got a format reminder, or was one's answer)."""
+    if not any(counts.values()):
+        return "LLM replies that could not be parsed: none"
+    total = sum(counts.values())
+    return (f"LLM replies that could not be parsed: {total} (" +
+            ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v) + ")")
+
+
+def weights_summary(actions: list[dict]) -> str:
+    """What the interventions were and the weights that chose them: with r = 0 and islands close together
+    the crossover weights stay small, and the report says so."""
+    kinds = [a["action"] for a in actions]
+    cross = [sum(v for k, v in a["weights"].items() if k != "backtrack") / max(1e-12, sum(a["weights"].values()))
+             for a in actions]
+    return (f"interventions: {kinds.count('backtrack')} {_plural(kinds.count('backtrack'), 'backtrack')}, "
+            f"{kinds.count('crossover')} {_plural(kinds.count('crossover'), 'crossover')}; the probability "
+            f"of a crossover at each was {min(cross):.3f} to {max(cross):.3f} (median "
+            f"{sorted(cross)[len(cross) // 2]:.3f}): it grows with how far a partner island is ahead (A_j - A_i) "
+            f"and, for islands alike, with how close both are to the target r")
+
+
+def _text(search, pid: str | None) -> str | None:
+    """A program's figures as the search shows them (None for a search without them)."""
+    fn = getattr(search, "_metric_text", None)
+    try:
+        return fn(pid) if fn and pid else None
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def purpose_table(reading) -> list[str]:
@@ -236,8 +301,9 @@ def drift_summary(drifts: list[float]) -> str:
     ordered = sorted(drifts)
     mid = ordered[len(ordered) // 2]
     return (f"reference drift (timed beside each candidate vs s_0): median {mid:+.1%}, from {ordered[0]:+.1%} "
-            f"to {ordered[-1]:+.1%} over {len(drifts)} {_plural(len(drifts), 'evaluation')}; scores are "
-            "s_0 / speedup, so drift moves none")
+            f"to {ordered[-1]:+.1%} over {len(drifts)} {_plural(len(drifts), 'evaluation')}: the machine's "
+            "load moved this much between evaluations; each speedup is measured against the reference timed "
+            "beside it, and its noise band (not the drift) says how far one evaluation can be trusted")
 
 
 def _plural(n: int, word: str) -> str:

@@ -100,7 +100,10 @@ class Run:
         return self.baseline_ms / ms if self.baseline_ms and isinstance(ms, (int, float)) and ms > 0 else None
 
     def best(self) -> Candidate | None:
+        """The run's best as run.py's confirmed ranking crowned it; else the fastest measured one."""
         gb = self.checkpoint.get("global_best") or {}
+        if gb.get("program") in self.candidates:
+            return self.candidates[gb["program"]]
         ok = [c for c in self.candidates.values() if c.ok]
         if ok:
             return min(ok, key=lambda c: c.runtime_ms)

@@ -18,10 +18,13 @@ What a backtrack never rolls back: the island's log of tried hypotheses (so noth
 retried), its best-ever program and score (A_i measures what the island achieved), and the global best.
 
 The score is the candidate's runtime in ms (lower is better) at the run's reference conditions: s_0 / the
-speedup the evaluator measured against the reference timed beside the candidate, so a machine that got
-busier or quieter since the start moves no score. s_0 is the PyTorch reference's runtime measured at the
-start on the same device, and the target r defaults to 0 ms (`--target-speedup S` sets
-r = s_0 / S, the official configs' per-kernel "target score").
+speedup the evaluator measured against the reference timed beside the candidate. s_0 is the PyTorch
+reference's runtime measured at the start on the same device, and the target r defaults to 0 ms
+(`--target-speedup S` sets r = s_0 / S, the official configs' per-kernel "target score"). Scores are
+confirmed (ranking.py): a candidate becomes an island's best, or the run's, only when it beats the incumbent
+by more than the two measurements' noise or wins a head-to-head re-measurement; a re-measured program's
+score is the re-measured one wherever it is used (tournament, momentum, crossover, best.py). What is shown
+(prompts, console, best.py, report.md) is measured: both times and the speedup with its noise band.
 
 `main` in order: the options are checked (cli.py); the task, device and LLM clients are set up and each
 model answers one probe call (llm_check.py); the run directory is made (rundir.py); the reference is
@@ -49,7 +52,8 @@ import stopping
 if __name__ == "__main__":   # a signal while the modules below load: one line, no traceback
     stopping.quiet_until_installed()
 
-import concurrent.futures  # noqa: E402
+import collections  # noqa: E402
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -70,6 +74,7 @@ import hcm
 import llm_check
 import models
 import momentum
+import ranking
 import replay as replay_mod
 import rundir as rundir_mod
 import report_html
@@ -78,7 +83,7 @@ import transcript
 from run_setup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
                        measure_reference, new_run_dir, nothing_to_add, record_resume)
 from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
-from report import write_report  # noqa: F401
+from report import best_header, write_report  # noqa: F401
 from rundir import RunDir, write_atomic  # noqa: F401
 
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
@@ -182,6 +187,9 @@ class Search:
         self.eval_seconds = 0.0
         self.eval_counts: dict[str, int] = {}
         self.drifts: list[float] = []   # per evaluation: the reference timed beside it / s_0's measurement - 1
+        self.ledger = ranking.Ledger(baseline_ms, rounds=cfg.head_to_head)   # confirmed figures, duels
+        self.remeasured = 0                          # evaluations spent on head-to-heads
+        self.unusable = collections.Counter()        # LLM replies that could not be parsed, by prompt kind
         self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
         self.evaluator_error: str | None = None   # the evaluator itself broke (not a candidate): stop the run
         self.wall_before, self.started = 0.0, time.time()   # wall time of earlier sessions, this one's start
@@ -197,7 +205,8 @@ class Search:
         # Each island names itself in its prompts: islands start from the same empty state, and with a
         # deterministic LLM (temperature 0, a local server) identical prompts would make them clones.
         self.contexts = [hcm.TaskContext(name=f"{task.name} (island {i} of islands 0-{cfg.islands - 1})",
-                                         background=text, brief=brief, reference=task.reference_src)
+                                         background=text, brief=brief, reference=task.reference_src,
+                                         legend=ranking.LEGEND)
                          for i in range(cfg.islands)]
         self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)]
                                       + _tolerance_key(cfg))
@@ -225,22 +234,26 @@ class Search:
         score = self._score_of(pid)
         other = best.id != pid and best.score < score
         return hcm.Parent(source=self.task.reference_src if pid == REFERENCE else self.rundir.program(pid),
-                          metric=self._metric_text(score), program_id=None if pid == REFERENCE else pid,
+                          metric=self._metric_text(pid), program_id=None if pid == REFERENCE else pid,
                           role=role, is_reference=pid == REFERENCE,
-                          best=self._metric_text(best.score) if other else "",
+                          best=self._metric_text(best.id) if other else "",
                           best_program_id=best.id if other and best.id != REFERENCE else None)
 
     def _score_of(self, pid: str) -> float:
-        if pid == REFERENCE:
-            return self.s0
-        for island in self.islands:
+        """A program's confirmed score: s_0 / its confirmed speedup (the reference's: s_0)."""
+        score = self.s0 if pid == REFERENCE else self.ledger.score(pid)
+        for island in self.islands if score is None else []:   # a checkpoint older than the ledger
             for p in island.elites + ([island.best] if island.best else []):
                 if p.id == pid:
                     return p.score
-        raise KeyError(pid)
+        return score
 
-    def _metric_text(self, ms: float) -> str:
-        return f"{ms:.4g} ms, {self.s0 / ms:.3f}x the reference's speed"
+    def _metric_text(self, pid: str) -> str:
+        """A program's result as prompts, the console and best.py show it: the times measured and the
+        speedup with its noise band (ranking.describe)."""
+        if pid == REFERENCE or pid in self.ledger.figures:
+            return self.ledger.text(None if pid == REFERENCE else pid)
+        return ranking.describe(ranking.Figures(self.s0 / self._score_of(pid)))   # a checkpoint older than the ledger
 
     def _execute(self, src: str) -> hcm.Outcome:
         """The evaluation callback HCM calls: cached by source, stored the moment it finishes."""
@@ -269,12 +282,12 @@ class Search:
                 if isinstance(d.get("baseline_drift"), (int, float)):
                     self.drifts.append(round(d["baseline_drift"], 5))
             self.rundir.event("evaluation", program=pid, status=result["status"], runtime_ms=self.score(result),
-                              measured_ms=result.get("runtime_ms"), message=result.get("message", "")[:500])
+                              **ranking.measured(result), message=result.get("message", "")[:500])
         else:
             result = cached
             self.rundir.event("evaluation", program=pid, status=result["status"], cached=True,
-                              runtime_ms=self.score(result))
-        return self._outcome(result)
+                              runtime_ms=self.score(result), **ranking.measured(result))
+        return self._outcome(pid, result)
 
     def _verdict(self, pid: str, key: str, src: str) -> dict:
         """The evaluator's verdict on `src`, stored; no verdict (an exception, or an evaluation that ended
@@ -307,16 +320,19 @@ class Search:
         return EvaluationDiscarded(f"the evaluation of {pid} ended after the run was asked to stop; "
                                    "it was not stored and runs again on resume")
 
-    def _outcome(self, r: dict) -> hcm.Outcome:
+    def _outcome(self, pid: str, r: dict) -> hcm.Outcome:
+        """The result HCM records. A program's first measurement becomes its figures; one measured again
+        in a head-to-head keeps the re-measured figures, and its score and metric are those."""
         if r["status"] == "ok" and self.score(r) is None:
             return hcm.Outcome(status="ok", score=None, metric="ok, not scored",
                                message=f"ok, but the runtime it measured is no finite, positive number "
                                        f"({r.get('runtime_ms')} ms, speedup {r.get('speedup')}); not scored")
-        score = self.score(r)
-        # An ok message is restated against the run's s_0: the evaluator's own baseline (measured again
-        # after a resume, or per GPU) would show the model a second speedup for the same program.
-        return hcm.Outcome(status=r["status"], score=score, metric=self._metric_text(score) if score else r["status"],
-                           message=f"ok: {self._metric_text(score)}" if score else r.get("message", ""))
+        with self._eval_lock:
+            fig = self.ledger.note(pid, r)
+        if fig is None:
+            return hcm.Outcome(status=r["status"], metric=r["status"], message=r.get("message", ""))
+        return hcm.Outcome(status="ok", score=self._score_of(pid), metric=self._metric_text(pid),
+                           message=f"ok: {self._metric_text(pid)}")
 
     def score(self, r: dict) -> float | None:
         """The runtime at the run's reference conditions: s_0 / speedup, where the speedup comes from the
@@ -354,19 +370,27 @@ class Search:
 
     def _record(self, island: Island, gen) -> None:
         island.generation += 1
+        unusable = hcm.count_unusable(gen.events)
+        self.unusable.update(unusable)
         island.since_action += 1
         island.forced_parent = None
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
         score = score if _positive(score) else None   # a NaN or inf is never a best nor momentum
         pid = gen.program_id or None
+        crowned, incumbent = False, island.best
         if score is not None and pid:
-            island.elites = sorted([p for p in island.elites if p.id != pid] + [Program(pid, score)],
-                                   key=lambda p: p.score)[:TOURNAMENT_TOP_K]
-            if island.best is None or score < island.best.score:
+            island.elites = [p for p in island.elites if p.id != pid] + [Program(pid, score)]
+            # the confirmed ranking: the title changes hands only on evidence (ranking.py)
+            crowned = island.best is None or self._confirm(island, pid, island.best.id)
+            if crowned:
                 island.best = Program(pid, score)
-            self._update_global_best(island, pid, score)
-        r_t = island.momentum.update(score)                     # Algorithm 2 lines 3-12
+                self._update_global_best(island, pid)
+        self._rescore()   # a head-to-head re-measures: every copy of a score follows the confirmed figures
+        score = self._score_of(pid) if score is not None and pid else None
+        if incumbent is not None:   # s_prev: the incumbent's confirmed score (a head-to-head may have moved it)
+            island.momentum.best = min(self.s0, self._score_of(incumbent.id))
+        r_t = island.momentum.update(island.best.score if crowned else None)   # Algorithm 2 lines 3-12
         parent_ms = self._parent_ms.get(island.index)   # the bandit's reward: the gain on the parent
         gain = max(0.0, 1 - score / parent_ms) if score is not None and parent_ms else 0.0
         cost = self.llm_main.credit(island.index, gain) if hasattr(self.llm_main, "credit") else {}
@@ -378,7 +402,8 @@ class Search:
                           message=(outcome.message[:300] if outcome else ""),
                           runtime_ms=score, program=pid, parent=gen.parent_id, r_t=r_t,
                           momentum=island.momentum.value, island_best_ms=island.momentum.best,
-                          llm_calls=gen.llm_calls, calls=gen.calls,
+                          island_best=island.best.id if island.best else None, crowned=crowned,
+                          llm_calls=gen.llm_calls, calls=gen.calls, unusable=unusable,
                           attempts=[{"program": a["program_id"], "status": a["status"], "score": a.get("score")}
                                     for a in gen.attempts],
                           llm_failures=_llm_failures(gen.events), notes=gen.events, **cost)
@@ -418,8 +443,10 @@ class Search:
                                                  "secondary" if self.llm_cheap else "main", island,
                                                  island.generation, stage="crossover"),
                                    config=self.hcm_config, task=self.contexts[island.index])
+            self.unusable.update(hcm.count_unusable(notes))
             record.update(action="crossover", partner=action, parent=given.id,
                           merged_ideas=merged, pruned=notes)
+        self._rescore()   # restored programs carry their confirmed scores, not those of the snapshot
         island.momentum.reset()
         island.since_action = 0
         island.actions.append(record)
@@ -429,18 +456,82 @@ class Search:
                      else f" with island {record['partner']}")
                   + "  weights " + ", ".join(f"{k}={v:.3f}" for k, v in record["weights"].items()))
 
-    def _update_global_best(self, island: Island, pid: str, score: float) -> None:
-        if not _positive(score) or (self.global_best is not None and score >= self.global_best["runtime_ms"]):
+    def _update_global_best(self, island: Island, pid: str) -> None:
+        """The island's new best becomes the run's when the run has none or it beats the run's best by
+        the same rule (a duel already fought is not fought again)."""
+        gb = self.global_best
+        if gb is not None and gb["program"] != pid and not self._confirm(island, pid, gb["program"]):
             return
-        self.global_best = {"program": pid, "runtime_ms": score, "speedup": self.s0 / score,
-                            "island": island.index, "generation": island.generation,
+        self.global_best = {"program": pid, "island": island.index, "generation": island.generation,
                             "round": self.round}
+        self._rescore()
+
+    # -- the confirmed ranking (ranking.py): verdicts, head-to-heads, scores that follow them -------
+
+    def _confirm(self, island: Island, challenger: str, incumbent: str) -> bool:
+        """Whether `challenger` takes the title from `incumbent` (ranking.Ledger.confirm). A head-to-head
+        the evaluator could not finish decides nothing and is not kept: the title stays."""
+        try:
+            crowned, duel = self.ledger.confirm(challenger, incumbent, self._remeasure)
+        except HeadToHeadAborted:
+            return False
+        if duel is not None:
+            self.rundir.event("head_to_head", island=island.index, generation=island.generation,
+                              round=self.round, challenger=challenger, incumbent=incumbent, **duel)
+            self._say(f"[island {island.index} gen {island.generation:>3}] head-to-head {challenger} vs {incumbent}: "
+                      f"{self._metric_text(challenger)} vs {self._metric_text(incumbent)}: "
+                      + ("the challenger takes the title" if crowned else "the title stays"))
+        return crowned
+
+    def _remeasure(self, pid: str, tag: str) -> dict:
+        """One more evaluation of a program, stored under its own key (a resume re-reads it, nothing is
+        measured twice). As for a candidate's evaluation, only a verdict is stored: after a stop request
+        the run stops here; an evaluator that fails ends the head-to-head (HeadToHeadAborted)."""
+        src = self.rundir.program(pid)
+        key = self.rundir.eval_key(self.eval_context + "\0" + tag, src)
+        result = self.rundir.load_eval(key)
+        if result is None:
+            try:
+                result = self.evaluator.evaluate(src).to_dict()
+            except Exception as exc:   # the evaluator's failure, not the program's: the run stops after this round
+                if self._stopping():
+                    self.stop.interrupt()
+                self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                self.rundir.event("remeasure", program=pid, tag=tag, status="no_verdict", failed="evaluator",
+                                  message=self.evaluator_error)
+                raise HeadToHeadAborted(self.evaluator_error) from None
+            if self._stopping():   # the signal may have killed its workers: no verdict
+                self.stop.interrupt()
+            result["remeasured_program"] = pid   # not "program_id": it is no candidate's first evaluation
+            self.rundir.store_eval(key, result)
+            d = result.get("details") or {}
+            self.eval_seconds += float(d.get("check_s") or 0) + float(d.get("time_s") or 0)
+        self.remeasured += 1   # stored ones too: the count is the search's, the same after a resume
+        self.rundir.event("remeasure", program=pid, tag=tag, status=result["status"],
+                          message=result.get("message", "")[:300], **ranking.measured(result))
+        return result
+
+    def _rescore(self) -> None:
+        """Every copy of a program's score follows its confirmed figures; elites are ranked by them; the
+        run's best carries its figures (best.py follows at the next checkpoint)."""
+        for island in self.islands:
+            for p in island.elites + ([island.best] if island.best else []):
+                p.score = self._score_of(p.id)
+            island.elites = sorted(island.elites, key=lambda p: p.score)[:TOURNAMENT_TOP_K]
+        gb = self.global_best
+        figures = self.ledger.summary(gb["program"]) if gb and gb["program"] in self.ledger.figures else None
+        if figures:
+            gb.update(figures)
 
     def write_best(self) -> None:
         """best.py for the checkpointed global best: written after each checkpoint (and on resume), so it
-        never shows a program of a round a stop left unfinished."""
-        if self.global_best is not None:
-            self.rundir.save_best(self.global_best, self.task.name, self.s0, _hardware_name(self.device))
+        never shows a program of a round a stop left unfinished; its header gives the measured figures."""
+        gb = self.global_best
+        if gb is not None:
+            header = best_header(self.task.name, _hardware_name(self.device), self.s0, gb,
+                                 self._metric_text(gb["program"]),
+                                 self.ledger.standing(gb["program"]) if gb["program"] in self.ledger.figures else "")
+            self.rundir.save_best(gb, self.task.name, self.s0, _hardware_name(self.device), header=header)
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -502,6 +593,7 @@ class Search:
         return {"version": 1, "round": self.round, "baseline_ms": self.s0, "target_ms": self.target,
                 "islands": [i.to_dict() for i in self.islands], "global_best": self.global_best,
                 "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts, "drifts": self.drifts,
+                "ledger": self.ledger.to_dict(), "remeasured": self.remeasured, "unusable": self.unusable,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
                 "events": self.rundir.events_written, "transcript": self.transcript.lines,
@@ -522,6 +614,10 @@ class Search:
         self.eval_seconds = state["eval_seconds"]
         self.eval_counts = state["eval_counts"]
         self.drifts = state.get("drifts", [])
+        self.ledger = ranking.Ledger.from_dict(self.s0, state.get("ledger", {}), self.ledger.rounds)
+        for p in [p for i in self.islands for p in i.elites + [i.best] if p and p.id != REFERENCE]:
+            self.ledger.figures.setdefault(p.id, ranking.Figures(self.s0 / p.score).to_dict())   # older checkpoints
+        self.remeasured, self.unusable = state.get("remeasured", 0), collections.Counter(state.get("unusable", {}))
         self.llm_watch.restore(state.get("llm", {}))
         if hasattr(self.llm_main, "credit"):   # the bandit's statistics, for the models still in --model
             self.llm_main.restore(state.get("models"))
@@ -543,13 +639,18 @@ class Search:
             self.out(line)
 
     def _progress(self, island: Island, gen, score: float | None, cost: dict) -> None:
-        result = console.generation_result(gen, score, self.s0, _llm_failures(gen.events))
+        result = console.generation_result(gen, score, self.s0, _llm_failures(gen.events),
+                                           shown=self._metric_text(gen.program_id) if score else None)
         best = island.momentum.best
         glob = max(1.0, self.global_best["speedup"] if self.global_best else 1.0)   # the reference is 1.00x
         self._say(f"[island {island.index} gen {island.generation:>3}] idea {gen.idea_id}: {result:<24}"
                   f"  island best {self.s0 / best:.2f}x  global best {glob:.2f}x  "
                   f"m={island.momentum.value:.3f}  tokens {self.tokens():,}"
                   + console.spend_note(self.spend, cost, len(getattr(self.llm_main, "clients", ())) > 1))
+
+
+class HeadToHeadAborted(Exception):
+    """The evaluator failed during a head-to-head: it decides nothing (the run stops after the round)."""
 
 
 class EvaluationDiscarded(Exception):
@@ -712,7 +813,9 @@ def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None
     report = write_report(search, why)
     write_html_report(rd.path)
     cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evaluator_error else ""
-    done, fix = console.final_lines(why, cause, search.global_best, search.s0, rd.path, report)
+    gb = search.global_best
+    done, fix = console.final_lines(why, cause, gb, search.s0, rd.path, report,
+                                    shown=search._metric_text(gb["program"]) if gb else None)
     print(done)
     if why.startswith("dollar budget reached"):
         print(f"run.py: {_go_on(rd.path, search.spend)}")

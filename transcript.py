@@ -21,7 +21,7 @@ One JSON object per line, two kinds:
       the program an implementation or repair reply carries), tokens, latency_s, retries, finish, usd
       (its US dollars at the run's prices, models.py; None when the model has no price).
   A text field is a string, or a list of strings and {"t": ID} references, joined in order (`text`).
-Never kept: API keys, headers, URLs. A request the client never sent (llm_check.LLMStopped after too many
+Never kept: API keys (not even one a reply or a prompt holds: llm.Client.redact), headers, URLs. A request the client never sent (llm_check.LLMStopped after too many
 failures) is not a record; a call that failed after reaching the client is, with its error.
 
 Bounded in size: texts are cut after blank lines, and every piece of PIECE or more characters is stored once
@@ -171,6 +171,11 @@ class Recorder:
 
     def _record(self, prompt, purpose, attempt, started, t0, reply, err) -> None:
         purpose = purpose or self.purpose or "unlabelled"
+        # the file may be shared: a key that reached a prompt or a reply is not written (llm.Client.redact);
+        # the search itself got the reply whole
+        scrub = getattr(self.client, "redact", None)
+        if callable(scrub):
+            prompt, reply = scrub(prompt), scrub(reply) if reply else reply
         last = getattr(self.client, "last", None)
         usage = getattr(last, "usage", None) or {}
         record = {"time": round(started, 3), **self.where, "purpose": purpose, "attempt": attempt,

@@ -71,13 +71,14 @@ class RuleBasedLLM:
         self.programs = list(programs)
         self.seed = seed
         self.variants = variants   # True: tag each reply's program with a constant, so none is a duplicate
-        # True: every choice ignores the digits in the prompt (measured times, speedups), so what the replies
-        # are does not move with timing noise; only the variant tags still differ between such prompts.
+        # True: every choice ignores the numbers in the prompt (measured times, speedups: each number counts as
+        # one "#", whatever its digits), so what the replies are does not move with timing noise; only the
+        # variant tags still differ between such prompts.
         self.stable = stable
 
     def _h(self, prompt: str, salt: str = "") -> int:
         if self.stable and salt != "variant":
-            prompt = re.sub(r"\d", "#", prompt)
+            prompt = re.sub(r"\d+(?:\.\d+)?", "#", prompt)
         digest = hashlib.sha256(f"{self.seed}|{salt}|{prompt}".encode("utf-8", "replace")).digest()
         return int.from_bytes(digest[:8], "big")
 
@@ -130,10 +131,13 @@ class RuleBasedLLM:
         return f"Idea ID: {idea_id}\nExperiment: {self._experiment(prompt)}\n"
 
     def _implementation(self, prompt: str) -> str:
-        return f"Here is the program.\n\n```python\n{self._program(prompt)}\n```\n"
+        planned = m.group(1).strip() if (m := re.search(r"^Experiment: (.+)$", prompt, re.M)) else "the change"
+        return (f"Implemented: {planned[0].lower()}{planned[1:]}, as planned, in the parent's kernel.\n\n"
+                f"```python\n{self._program(prompt)}\n```\n")
 
     def _repair(self, prompt: str) -> str:
-        return f"The failure comes from the kernel launch.\n\n```python\n{self._program(prompt)}\n```\n"
+        return (f"Cause: the failure comes from the kernel launch.\nImplemented: the same change with the launch "
+                f"fixed.\n\n```python\n{self._program(prompt)}\n```\n")
 
     def _duplicate_check(self, prompt: str) -> str:
         return "Repeat: no\nEntry: none"

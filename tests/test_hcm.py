@@ -182,8 +182,9 @@ def test_batch_classification_applies_in_order_and_choice_names_a_proposal():
                        code_reply(prog(1))])
     r = run(pool, log, llm, Exec(OK), n_proposals=3, k_idea=2)     # |P| = K_idea: no pruning yet
     assert llm.kinds == ["idea_generation", "classification", "implementation"]
-    assert [(i.id, i.description) for i in pool.ideas] == [
-        (1, "Fuse the tail, float4 stores, unrolled."), (5, "Channels-last layout for contiguous channels")]
+    assert [(i.id, i.description) for i in pool.ideas] == [   # both updates of idea 1 are kept, in order
+        (1, "Fuse the elementwise tail with float4 stores. Fuse the tail, float4 stores, unrolled."),
+        (5, "Channels-last layout for contiguous channels")]
     assert r.idea_id == 5 and pool.get(5).hypotheses[0].experiment == "NHWC input"
     assert any("merged proposal 1 into idea 1" in e for e in r.events)
     assert any("new idea 5" in e for e in r.events)
@@ -262,7 +263,7 @@ def test_pruning_to_cap_moves_ideas_to_log():
     # the next prompts show dropped ideas so they are not re-proposed
     assert "A tiling" in hcm.render_dropped(log)
     assert hcm.drop_example(1) == "[2]" and "exactly 1 idea id," in hcm.PRUNE_PROMPT.format(
-        task="t", direction="d", pool="p", cap=1, n_drop=1, ids_word="id", example="[2]")
+        task="t", direction="d", pool="p", cap=1, n_drop=1, ids_word="id", example="[2]", legend="")
 
 
 def test_pruning_fallback_when_llm_names_too_few_or_invalid_ids():
@@ -313,7 +314,7 @@ def test_repeated_experiment_is_sent_back_before_any_code_and_exact_match_costs_
     ex = Exec(OK)
     r = run(pool, log, llm, ex)
     assert llm.kinds == ["idea_generation", "classification", "selection", "implementation"]
-    assert "repeated a logged experiment" in llm.prompts[2] and "#1: Use float4 stores" in llm.prompts[2]
+    assert "repeated an experiment already run" in llm.prompts[2] and "'Use float4 stores'" in llm.prompts[2]
     assert ex.programs == [prog(2)] and r.experiment == "unroll by 4" and r.status == "evaluated"
 
 
@@ -535,6 +536,163 @@ def test_prompts_stay_within_the_budget_as_history_grows():
             assert len(p) <= 6000, (hcm.prompt_kind(p), len(p))
     assert "earlier records not shown" in prompts[0]
 
+LEGEND = "LEGEND-MARKER: what a result's figures mean."
+
+
+def _outside_code(prompt: str) -> str:
+    return re.sub(r"^```[^\n]*\n.*?^```", "", prompt, flags=re.S | re.M)
+
+
+def unbacked_references(prompt: str) -> list[str]:
+    """Everything in a prompt that points at text, where the text it points at is not there."""
+    text, problems = _outside_code(prompt), []
+    has_records = bool(re.search(r"^  - \[", text, re.M))
+    for m in re.finditer(r"[^\n]{0,60}\b(above|below|shown)\b[^\n]{0,40}", text):
+        phrase = m.group(0)
+        if "not shown" in phrase or "answer format above" in phrase and "## Answer format" in text:
+            continue
+        if "no record above covers" in phrase and has_records:
+            continue
+        if "(class Model, shown above)" in phrase and re.search(r"```python\n(?:(?!```).)*class Model\(",
+                                                                 prompt[:prompt.index(phrase)], re.S):
+            continue
+        problems.append(phrase)
+    if "Records of this idea:" in text and not has_records:
+        problems.append("Records of this idea")
+    for label in ("Reference program", "Parent program ("):
+        if label in text and label in prompt and "```python" not in prompt[prompt.index(label):]:
+            problems.append(label)
+    numbers = re.findall(r"(?<![\w#])#(\d+)\b", text)
+    problems += [f"#{n}" for n in numbers if not re.search(rf"^#{n} ", text, re.M)]   # log entries by number
+    results = "beside it)" in text.replace(LEGEND, "")
+    if ("LEGEND-MARKER" in text) != results:
+        problems.append("legend without results" if not results else "results without the legend")
+    return problems
+
+
+class FirstReplyUnusable:
+    """The rule-based LLM, except that the first prompt of each kind gets a useless reply (a reminder follows)
+    and every other idea-generation reply makes no choice (a selection prompt follows)."""
+
+    def __init__(self, inner):
+        self.inner, self.kinds, self.prompts = inner, set(), []
+
+    def __call__(self, prompt):
+        self.prompts.append(prompt)
+        kind = hcm.prompt_kind(prompt)
+        if kind not in self.kinds:
+            self.kinds.add(kind)
+            return "I need to think about this more."
+        reply = self.inner(prompt)
+        if kind == "idea_generation" and len(self.prompts) % 2:
+            reply = re.sub(r"^Choice:.*$", "", reply, flags=re.M)
+        return reply
+
+
+def test_no_prompt_of_any_kind_points_at_text_it_does_not_hold():
+    task = hcm.TaskContext("toy", "bg", reference=PARENT.source, legend=LEGEND)
+    pool, log = hcm.IdeaPool(), hcm.GlobalLog()
+    llm = FirstReplyUnusable(RuleBasedLLM([prog(k) for k in range(4)], seed=4, variants=True))
+    outcomes = iter(range(1000))
+
+    def execute(src):
+        k = next(outcomes)
+        return (hcm.Outcome("ok", 1.0 + k, f"{1.5 / (1 + k):.3g}x ±5% (1 ms vs reference 1.5 ms beside it)")
+                if k % 3 else hcm.Outcome("incorrect", message="output 0 off by 0.2"))
+
+    ref = hcm.Parent(PARENT.source, "the reference itself: 3.5 ms per call", is_reference=True)
+    best = hcm.Parent(prog(3), "2x ±5% (1 ms vs reference 1.5 ms beside it)", "p3",
+                      best="3x ±5% (0.5 ms vs reference 1.5 ms beside it)", best_program_id="p9")
+    for parent in (ref, best, ref, best, ref, best, ref):
+        hcm.run_generation(pool, log, task=task, parent=parent, llm=llm, execute=execute,
+                           config=hcm.HCMConfig(k_idea=2, k_hyp=1, similarity=0.2))
+    kinds = {hcm.prompt_kind(p) for p in llm.prompts}
+    assert kinds >= {"idea_generation", "classification", "selection", "duplicate_check", "implementation",
+                     "repair", "summary", "prune"}, kinds
+    assert any("## Format reminder" in p for p in llm.prompts)
+    for prompt in llm.prompts:
+        assert unbacked_references(prompt) == [], (hcm.prompt_kind(prompt), unbacked_references(prompt))
+    # the checker finds what it is for: the reference named as shown when it is not
+    sel = next(p for p in llm.prompts if hcm.prompt_kind(p) == "selection")
+    assert unbacked_references(sel.replace("## Parent program\n", "## Parent program\n(class Model, shown above) "))
+
+
+def test_a_record_keeps_the_plan_and_the_implementers_own_description():
+    pool, log = pool_with("Fuse the tail"), hcm.GlobalLog()
+    reply = ("Implemented: one kernel for tanh and hardswish; the float4 loads of the plan did not fit the\n"
+             "odd channel count, so loads stay scalar.\n\n```python\n" + prog(1) + "```\n")
+    llm = ScriptedLLM([ideas_reply("x", choice="idea 1", experiment="fuse tanh and hardswish with float4 loads"),
+                       merge_reply(1, "Fuse the tail"), reply])
+    run(pool, log, llm, Exec(OK))
+    h = pool.get(1).hypotheses[0]
+    assert h.experiment == "fuse tanh and hardswish with float4 loads"
+    assert h.implemented == ("one kernel for tanh and hardswish; the float4 loads of the plan did not fit the "
+                             "odd channel count, so loads stay scalar.")
+    line = hcm.render_record(h)
+    assert "fuse tanh and hardswish with float4 loads | built: one kernel" in line and OK.metric in line
+    assert "Implemented: <one or two sentences" in llm.prompts[-1]
+    assert hcm.Hypothesis.from_dict(h.to_dict()) == h and log.tried[0].hypothesis.implemented == h.implemented
+
+
+def test_a_repair_that_says_what_it_built_replaces_the_description():
+    pool, log = pool_with("Fuse the tail"), hcm.GlobalLog()
+    llm = ScriptedLLM([ideas_reply("x", choice="idea 1", experiment="e"), merge_reply(1, "Fuse the tail"),
+                       "Implemented: a fused kernel.\n\n```python\n" + prog(1) + "```\n",
+                       "Cause: an off-by-one.\nImplemented: the fused kernel, bounds fixed.\n\n```python\n"
+                       + prog(2) + "```\n"])
+    run(pool, log, llm, Exec(hcm.Outcome("incorrect", message="off"), OK))
+    assert pool.get(1).hypotheses[0].implemented == "the fused kernel, bounds fixed."
+
+
+def test_a_cut_record_says_so_and_is_cut_at_a_word():
+    long = "Key findings: " + "the warp-shuffle reduction helped; " * 60
+    found = hcm.parse_summary(long)
+    assert found.endswith("more characters]") and "[cut: " in found
+    kept = found[:found.index(" [cut: ")]
+    assert len(kept) <= 800 and long.split(": ", 1)[1].startswith(kept) and kept.endswith(("helped;", "reduction"))
+    ex = Exec(hcm.Outcome("incorrect", message="error: " + "x" * 2000))
+    pool, log = pool_with("Fuse"), hcm.GlobalLog()
+    run(pool, log, ScriptedLLM([ideas_reply("x", choice="idea 1", experiment="e"), merge_reply(1, "Fuse"),
+                                code_reply(prog(1))]), ex, max_repairs=0)
+    assert "[cut: 1,607 more characters]" in pool.get(1).hypotheses[0].result
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(codec="utf-8"), max_size=300), st.integers(5, 200))
+def test_clip_keeps_what_fits_and_marks_what_it_cuts(text, limit):
+    one_line = " ".join(text.split())
+    out = hcm.clip(text, limit)
+    if len(one_line) <= limit:
+        assert out == one_line
+    else:
+        kept, mark = out.rsplit(" [cut: ", 1)
+        assert one_line.startswith(kept) and len(kept) <= limit
+        assert mark == f"{len(one_line) - len(kept):,} more characters]"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["Fuse the tail.", "Use float4 loads.", "Keep sums in registers.",
+                                 "Tile by 32."]), min_size=1, max_size=4),
+       st.lists(st.sampled_from(["Fuse the tail.", "Unroll by 4.", "use FLOAT4 loads.", "Tile by 32."]),
+                min_size=1, max_size=4))
+def test_merged_descriptions_keep_every_sentence_of_both_once(a, b):
+    first, second = " ".join(dict.fromkeys(a)), " ".join(dict.fromkeys(b))
+    merged = hcm.merge_descriptions(first, second)
+    assert merged.startswith(first)
+    keys = [x.lower() for x in re.split(r"(?<=\.)\s+", merged)]
+    assert {x.lower() for x in a + b} == set(keys) and len(keys) == len(set(keys))
+    assert hcm.merge_descriptions(merged, second) == merged
+
+
+def test_unusable_replies_are_counted_per_prompt_kind():
+    pool, log = pool_with("Fuse the tail"), hcm.GlobalLog()
+    llm = ScriptedLLM(["no format", ideas_reply("x", choice="idea 1", experiment="e"), "???", "still ???",
+                       "no code here", code_reply(prog(1))])
+    r = run(pool, log, llm, Exec(OK))
+    assert hcm.count_unusable(r.events) == {"idea_generation": 1, "classification": 2, "implementation": 1}
+    assert any(e == "no usable classification reply after 1 format reminder" for e in r.events)
+
+
 # ---------------------------------------------------------------------------------------------- parsers
 
 CODE = prog(7)
@@ -692,7 +850,7 @@ def test_whole_state_json_round_trip_after_real_generations():
         k = next(outcomes)
         return hcm.Outcome("ok", 1.0 + k, f"{1.0 + k} ms") if k % 3 else hcm.Outcome("incorrect", message="off")
 
-    llm = RuleBasedLLM(programs, seed=1, variants=True)
+    llm = RuleBasedLLM(programs, seed=2, variants=True)   # a seed whose 8 generations also summarise
     for _ in range(8):
         hcm.run_generation(pool, log, task=TASK, parent=PARENT, llm=llm, execute=execute,
                            config=hcm.HCMConfig(k_idea=3, k_hyp=1))
@@ -767,7 +925,7 @@ def test_rule_based_llm_is_deterministic_and_answers_every_kind():
     llm = RuleBasedLLM([prog(1), prog(2)], seed=3)
     pool = pool_with("a", "b", "c")
     sel = hcm.SELECT_PROMPT.format(task="t", background="b", parent="p", pool=hcm.render_pool(pool), dropped="",
-                                   note="", valid_ids="1, 2, 3")
+                                   note="", valid_ids="1, 2, 3", legend="", uncovered="")
     assert llm(sel) == llm(sel) == RuleBasedLLM([prog(1), prog(2)], seed=3)(sel)
     s = hcm.parse_selection(llm(sel))
     assert s.idea_id in (1, 2, 3) and s.experiment and s.code is None
@@ -777,7 +935,7 @@ def test_rule_based_llm_is_deterministic_and_answers_every_kind():
                                          proposals="Proposal 1: use streams\nProposal 2: tile"))
     assert set(hcm.parse_classifications(cls, 2)) == {1, 2}
     prune = hcm.PRUNE_PROMPT.format(task="t", direction="d", pool=hcm.render_pool(pool), cap=1, n_drop=2,
-                                    ids_word="ids", example="[2, 5]")
+                                    ids_word="ids", example="[2, 5]", legend="")
     assert hcm.parse_drop_list(llm(prune)) == [1, 2]
     for template in (hcm.IMPLEMENT_PROMPT, hcm.REPAIR_PROMPT, "some other prompt"):
         assert hcm.extract_code(llm(template)) in (prog(1), prog(2))

@@ -605,6 +605,43 @@ def test_the_api_key_never_appears_in_errors_repr_or_logs(server, caplog):
     assert "[redacted]" in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["x", "EMPTY", "dummy", "sk-no-key-required"])
+def test_a_placeholder_key_changes_no_reply_and_no_error(server, key):
+    """Local servers are often given "x" or "EMPTY": nothing is a secret then, and every reply reaches the
+    search exactly as sent (a scrubbed "x" once broke "Experiment:" lines)."""
+    text = "Idea: fuse the max and exp.\nChoice: proposal 1\nExperiment: unroll x4; EMPTY dummy blocks stay\n"
+    server.add(200, openai_body(text))
+    server.add(400, {"error": {"message": "max_tokens exceeds the context: x EMPTY dummy", "type": "invalid"}})
+    client = make(server, api_key=key)
+    assert client(text) == text and client.last.text == text
+    with pytest.raises(llm.ProviderError) as info:
+        client("again")
+    assert "max_tokens exceeds the context: x EMPTY dummy" in str(info.value)
+    assert client.redact(f"a {key} b") == f"a {key} b"
+
+
+def test_a_real_key_is_scrubbed_from_errors_but_a_reply_that_holds_it_arrives_whole(server, caplog):
+    reply = f"Experiment: read the key {KEY} from the environment\n"
+    server.add(200, openai_body(reply))
+    client = make(server)
+    assert client("q") == reply                                        # content the search uses: untouched
+    assert client.redact(f"key={KEY}; next") == "key=[redacted]; next"    # what logs and transcripts use
+    assert llm.redact(f"{KEY}{KEY}", KEY) == "[redacted][redacted]"
+    assert llm.redact("sk-test-0123456789", "sk-test-0123456789abcdef") == "sk-test-0123456789"   # no prefix
+
+
+def test_the_transcript_never_holds_a_real_key_though_the_search_gets_the_reply_whole(server, tmp_path):
+    import transcript
+    reply = f"Experiment: read {KEY} from the environment\nx = 1\n"
+    server.add(200, openai_body(reply))
+    client = make(server)
+    book = transcript.Transcript()
+    book.attach(tmp_path)
+    assert book.recorder(client, client, role="main")(f"prompt with {KEY}", purpose="selection") == reply
+    written = (tmp_path / transcript.FILE).read_text()
+    assert KEY not in written and "[redacted]" in written and "x = 1" in written
+
+
 # -------------------------------------------------------------------------------------- configuration
 @pytest.mark.parametrize("model,env,provider,key", [
     ("gpt-4o", {"OPENAI_API_KEY": "sk-o"}, "openai", "sk-o"),

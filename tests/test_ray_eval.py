@@ -112,7 +112,7 @@ class TestEvaluator:
 def _args(base_url, out, cache, generations=1, ray_address="auto"):
     args = ["--task", "conv_groupnorm_small", "--islands", "2", "--generations", str(generations),
             "--base-url", base_url, "--model", "fake-model", "--seed", "4", "--out", str(out),
-            "--eval-cache", str(cache), "--quiet"]
+            "--eval-cache", str(cache), "--quiet", "--head-to-head", "0"]   # shapes compare: no noise-dependent events
     return args + (["--ray", ray_address] if ray_address else [])
 
 

@@ -1,6 +1,7 @@
 """run.Search in-process with a fake evaluator: Algorithm 2's bookkeeping, invariants and checkpoints."""
 from __future__ import annotations
 
+import collections
 import json
 import random
 import re
@@ -31,7 +32,8 @@ class FakeResult:
 
 
 class FakeEvaluator:
-    """Runtime decided by the program text: deterministic, instant."""
+    """Runtime decided by the program text: deterministic (it says so: noise 0, so no head-to-head is ever
+    needed), instant."""
 
     def __init__(self):
         self.calls = 0
@@ -40,7 +42,7 @@ class FakeEvaluator:
         self.calls += 1
         for tag, ms in RUNTIMES.items():
             if tag in src:
-                return FakeResult("ok", ms, f"ok: {ms} ms", {"check_s": 0.1, "time_s": 0.2})
+                return FakeResult("ok", ms, f"ok: {ms} ms", {"check_s": 0.1, "time_s": 0.2, "noise": 0.0})
         return FakeResult("incorrect", None, "incorrect: output 0 is off by 0.2")
 
 
@@ -245,6 +247,24 @@ def test_report_is_written(tmp_path):
     assert (search.rundir.path / "best.py").read_text().startswith("# pacevolve best")
 
 
+def test_unparseable_replies_are_counted_per_kind_in_events_state_and_report(tmp_path):
+    search = make_search(tmp_path, islands=2, seed=16)
+    inner, calls = search.llm_main.inner, [0]
+
+    def sometimes_unusable(prompt):
+        calls[0] += 1
+        return "I would rather not say." if calls[0] % 4 == 0 else inner(prompt)
+
+    search.llm_main.inner = sometimes_unusable
+    advance(search, 3)
+    per_event = sum((collections.Counter(e["unusable"]) for e in events(search, "generation")), collections.Counter())
+    per_event += sum((collections.Counter(hcm.count_unusable(a.get("pruned") or [])) for a in events(search, "action")),
+                     collections.Counter())   # a crossover's prune call counts too
+    assert per_event and search.unusable == per_event and search.state()["unusable"] == dict(per_event)
+    text = run.write_report(search, "all generations done", 1.0).read_text()
+    assert f"LLM replies that could not be parsed: {sum(per_event.values())} (" in text
+
+
 class RecordingLLM(CountingLLM):
     def __init__(self, inner):
         super().__init__(inner)
@@ -261,16 +281,19 @@ def test_the_reference_is_a_parent_while_it_is_the_island_best(tmp_path):
     assert [p.id for p in island.elites] == [run.REFERENCE]            # generation 0's program
     parent = search._parent(island)
     assert parent.is_reference and parent.source == search.task.reference_src and parent.best == ""
-    assert parent.role == "parent, chosen by tournament" and "1.000x" in parent.metric
+    assert parent.role == "parent, chosen by tournament" and "20 ms per call" in parent.metric
     slow = search.rundir.save_program(PROGRAMS[2])
     island.elites = sorted(island.elites + [run.Program(slow, 40.0)], key=lambda p: p.score)   # 0.5x
     for _ in range(5):                                                 # both are drawn: the faster wins
         assert search._parent(island).is_reference
     fast = search.rundir.save_program(PROGRAMS[0])
+    search.ledger.note(fast, {"status": "ok", "runtime_ms": 2.0, "speedup": 10.0, "baseline_ms": 20.0,
+                              "details": {"noise": 0.05}})
     island.elites = sorted(island.elites + [run.Program(fast, 2.0)], key=lambda p: p.score)
     parents = [search._parent(island) for _ in range(20)]
     for p in parents:                                                  # the island's best is always stated
-        assert p.program_id == fast or (p.best.startswith("2 ms") and p.best_program_id == fast)
+        assert p.program_id == fast or (p.best == "10.0x ±5% (2 ms vs reference 20 ms beside it)"
+                                        and p.best_program_id == fast)
 
 
 def test_no_intervention_after_the_last_generation_and_island_best_starts_at_one(tmp_path):

@@ -1,5 +1,5 @@
-# pacevolve best for task conv_groupnorm_small: 0.7765 ms, 1.135x the PyTorch reference (0.8811 ms) on CPU (x86_64, 2 cores)
-# island 0, generation 4, program 0da3c6cf46d4
+# pacevolve best for task conv_groupnorm_small on CPU (x86_64, 2 cores): 1.20x ±2% (0.7808 ms vs reference 0.9298 ms beside it); the reference measured 0.9038 ms at the start
+# island 0, generation 2, program 5ae1de95d1f8
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,4 +19,4 @@ class ModelNew(nn.Module):
         F.hardswish(t, inplace=True)
         return torch.logsumexp(t.add_(c), dim=1, keepdim=True)
 
-_VARIANT = 928779548
+_VARIANT = 198070054

@@ -11,8 +11,6 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         c = self.conv(x)
-        t = torch.tanh(self.group_norm(c))
-        # tanh is inside (-1, 1), so hardswish's clamp never fires: t * (t + 3) / 6 exactly
-        return torch.logsumexp(c + t * (t + 3.0) / 6.0, dim=1, keepdim=True)
+        return torch.logsumexp(F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
 
-_VARIANT = 767486881
+_VARIANT = 534693635

@@ -1,0 +1,16 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, groups, eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
+
+    def forward(self, x):
+        c = self.conv(x)
+        return torch.logsumexp(F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
+
+_VARIANT = 749049096
