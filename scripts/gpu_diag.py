@@ -1,8 +1,17 @@
-"""GPU diagnostics for the parent's clock (not committed): self-consistency, phases, a twin and a cheat."""
+"""The parent's clock on a GPU, step by step (BENCHMARKS.md, session 10): for softmax@v0 and
+conv_groupnorm, the reference's own code as a candidate (a true speedup of 1) evaluated three times, with
+each side's median per step (draw, calls, settle, digest, probe), then the same protocol timed
+independently (scripts/bench_agreement.py's timer); then, beside their honest twins, two GPU cheats of
+tests/cheats (work left on a side stream after "done", work left running to slow the reference) and the
+small-call one (a 10 us softmax's work moved into the draw). No builds: about 3 minutes on one H100.
+
+    python3 scripts/gpu_diag.py [softmax@v0] [conv_groupnorm] [cheat]
+"""
 import os, re, sys, time, statistics as st
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import torch
 import evaluate_kernel as ek, tasks
 
@@ -42,11 +51,9 @@ if "cheat" in which:
     from pathlib import Path
     with ek.Evaluator(tc.REFERENCES["gn_cuda"], device="cuda", gpus=[0], cache_dir="/tmp/diag_gn") as ev:
         for i in range(2):
-            for f in ("honest/gn_twin.py", "cheats/tail_side_stream_cuda.py", "cheats/batch_work_in_draw_softmax.py"):
-                if "softmax" in f:
-                    continue
-                r = ev.evaluate((Path("tests") / f).read_text()); line(f"{f} {i}", r)
+            for f in ("honest/gn_twin.py", "cheats/tail_side_stream_cuda.py") + (("cheats/tail_slows_reference_cuda.py",) if i == 0 else ()):
+                r = ev.evaluate((Path(ROOT) / "tests" / f).read_text()); line(f"{f} {i}", r)
     with ek.Evaluator(tc.REFERENCES["softmax"], device="cuda", gpus=[0], cache_dir="/tmp/diag_sm") as ev:
         for i in range(2):
             for f in ("honest/softmax_twin.py", "cheats/batch_work_in_draw_softmax.py"):
-                r = ev.evaluate((Path("tests") / f).read_text()); line(f"{f} {i}", r)
+                r = ev.evaluate((Path(ROOT) / "tests" / f).read_text()); line(f"{f} {i}", r)
