@@ -37,7 +37,7 @@ Beyond the algorithm box (decisions the paper leaves open, and fixes to the offi
     `count_unusable` reads, per prompt kind.
 `merge_pools` and `prune_pool` serve crossover (§3.3): bring a partner island's ideas in, then cap P.
 Not here: parent selection, backtracking and the crossover decision (run.py, momentum.py, crossover.py),
-the evaluator (evaluate_kernel.py), the task background (background.py). Lower score is better throughout.
+the evaluator (evaluate_kernel.py), the task background (driver/prompt_background.py). Lower score is better throughout.
 The state lives in hcm_state.py, the prompts in hcm_prompts.py, the reply parsers in hcm_parsers.py.
 """
 from __future__ import annotations
@@ -574,7 +574,7 @@ class _Caller:
 
 
 def _ask(fn, prompt: str, purpose: str, attempt: int) -> str:
-    """Calls the LLM. A recorder of the run's transcript (transcript.py) says so with `takes_purpose` and is
+    """Calls the LLM. A recorder of the run's transcript (driver/transcript.py) says so with `takes_purpose` and is
     told the prompt's kind and whether this is a format reminder; any other LLM is a plain (prompt) -> str."""
     if getattr(fn, "takes_purpose", False):
         return fn(prompt, purpose=purpose, attempt=attempt)

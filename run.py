@@ -21,15 +21,15 @@ The score is the candidate's runtime in ms (lower is better) at the run's refere
 speedup the evaluator measured against the reference timed beside the candidate. s_0 is the PyTorch
 reference's runtime measured at the start on the same device, and the target r defaults to 0 ms
 (`--target-speedup S` sets r = s_0 / S, the official configs' per-kernel "target score"). Scores are
-confirmed (ranking.py): a candidate becomes an island's best, or the run's, only when it beats the incumbent
+confirmed (driver/ranking.py): a candidate becomes an island's best, or the run's, only when it beats the incumbent
 by more than the two measurements' noise or wins a head-to-head re-measurement; a re-measured program's
 score is the re-measured one wherever it is used (tournament, momentum, crossover, best.py). What is shown
 (prompts, console, best.py, report.md) is measured: both times and the speedup with its noise band.
 
-`main` in order: the options are checked (cli.py); the task, device and LLM clients are set up and each
-model answers one probe call (llm_check.py); the run directory is made (rundir.py); the reference is
+`main` in order: the options are checked (driver/cli.py); the task, device and LLM clients are set up and each
+model answers one probe call (driver/llm_check.py); the run directory is made (driver/rundir.py); the reference is
 measured once (s_0); then rounds run until the generations, the token budget, the dollar budget or the LLM
-run out (`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report.py).
+run out (`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report/markdown.py).
 Every LLM call goes through models.Role: with several --model models it picks one per call (weights or a
 cost-aware bandit), and it keeps the dollars (spend.json) within --budget-usd. A call the budget refuses
 cuts its round short: like a stop, that round is not checkpointed and runs again on resume.
@@ -41,14 +41,14 @@ candidate are stored: an evaluation that raised (the evaluator's own failure) or
 stop was asked for (Ctrl-C, SIGTERM, or the run ending for any other reason: its workers may have been
 killed under it) is no verdict, is never stored, and runs again on resume. A score that is not a finite,
 positive runtime is never a best and never enters momentum. Every LLM call, probes included, is kept in
-transcript.jsonl (transcript.py); `--replay DIR` runs a recorded search again with its replies, no network
-(replay.py).
+transcript.jsonl (driver/transcript.py); `--replay DIR` runs a recorded search again with its replies, no network
+(driver/replay.py).
 Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 4 the evaluator
 failed, 5 a replay (--replay DIR) left its recording, 130 Ctrl-C (SIGINT), 143 SIGTERM.
 """
 from __future__ import annotations
 
-import stopping
+from driver import stopping
 if __name__ == "__main__":   # a signal while the modules below load: one line, no traceback
     stopping.quiet_until_installed()
 
@@ -66,25 +66,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import background
-import cli
-import console
+from driver import prompt_background
+from driver import cli
+from driver import console
 import crossover
 import hcm
-import llm_check
-import models
+from driver import llm_check
+from driver import models
 import momentum
-import ranking
-import replay as replay_mod
-import rundir as rundir_mod
-import report_html
+from driver import ranking
+from driver import replay as replay_mod
+from driver import rundir as rundir_mod
+from report import html as report_html
 import tasks
-import transcript
-from run_setup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
+from driver import transcript
+from driver.startup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
                        measure_reference, new_run_dir, nothing_to_add, record_resume)
-from cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
-from report import best_header, write_report  # noqa: F401
-from rundir import RunDir, write_atomic  # noqa: F401
+from driver.cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
+from report.markdown import best_header, write_report  # noqa: F401
+from driver.rundir import RunDir, write_atomic  # noqa: F401
 
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
@@ -199,9 +199,9 @@ class Search:
                                         k_hyp=cfg.k_hyp, max_repairs=cfg.repairs)
         self.transcript = book if book is not None else transcript.Transcript()
         self.transcript.attach(rundir.path)
-        self.facts = facts = facts or background.device_facts(evaluator, device)
-        text = background.kernel_background(facts, task.description)
-        brief = background.kernel_brief(facts, task.description)
+        self.facts = facts = facts or prompt_background.device_facts(evaluator, device)
+        text = prompt_background.kernel_background(facts, task.description)
+        brief = prompt_background.kernel_brief(facts, task.description)
         # Each island names itself in its prompts: islands start from the same empty state, and with a
         # deterministic LLM (temperature 0, a local server) identical prompts would make them clones.
         self.contexts = [hcm.TaskContext(name=f"{task.name} (island {i} of islands 0-{cfg.islands - 1})",
@@ -381,7 +381,7 @@ class Search:
         crowned, incumbent = False, island.best
         if score is not None and pid:
             island.elites = [p for p in island.elites if p.id != pid] + [Program(pid, score)]
-            # the confirmed ranking: the title changes hands only on evidence (ranking.py)
+            # the confirmed ranking: the title changes hands only on evidence (driver/ranking.py)
             crowned = island.best is None or self._confirm(island, pid, island.best.id)
             if crowned:
                 island.best = Program(pid, score)
@@ -466,7 +466,7 @@ class Search:
                             "round": self.round}
         self._rescore()
 
-    # -- the confirmed ranking (ranking.py): verdicts, head-to-heads, scores that follow them -------
+    # -- the confirmed ranking (driver/ranking.py): verdicts, head-to-heads, scores that follow them -------
 
     def _confirm(self, island: Island, challenger: str, incumbent: str) -> bool:
         """Whether `challenger` takes the title from `incumbent` (ranking.Ledger.confirm). A head-to-head

@@ -5,7 +5,7 @@ tests/kernels/conv_groupnorm_fused.py with a harmless constant changed, as scrip
 submitted at once from K threads, after one untimed pass (a long search's steady rate, not start-up):
   1. local: evaluate_kernel.Evaluator over all visible GPUs;
   2. Ray: a Ray head started here (ray.init(num_gpus=N): the machine has no network) and
-     ray_eval.RayEvaluator, one actor per GPU, sharing the same build cache folder;
+     ray_evaluator.RayEvaluator, one actor per GPU, sharing the same build cache folder;
   3. the first candidate evaluated R more times under each: the median speedup of each.
 Targets: Ray's candidates per hour within 10% of local's, its speedup within 1%. Writes a markdown table
 to stdout and --out. Takes about 3-5 minutes on a 2 x H200 machine (K=8, R=3).
@@ -69,7 +69,7 @@ def main() -> int:
         return 2
     try:
         import ray
-        import ray_eval
+        from driver import ray_evaluator
     except ImportError as e:
         print(f"bench_ray.py needs Ray ({e}): see scripts/ray_wheels.sh", file=sys.stderr)
         return 2
@@ -99,9 +99,9 @@ def main() -> int:
     t0 = time.perf_counter()
     ray.init(num_gpus=n, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
              object_store_memory=1 << 30,   # results are small; /dev/shm may be too
-             runtime_env=ray_eval.runtime_env())
+             runtime_env=ray_evaluator.runtime_env())
     try:
-        with ray_eval.RayEvaluator.for_task(task, address="auto", cache_dir=cache) as rev:
+        with ray_evaluator.RayEvaluator.for_task(task, address="auto", cache_dir=cache) as rev:
             add("Ray start-up", f"{time.perf_counter() - t0:.1f} s (head, {len(rev.slots)} actors up)")
             for i in range(len(rev.slots)):
                 rev.baseline_ms(i)

@@ -35,11 +35,11 @@ for stage in $STAGES; do
     tests)
       # Side by side: their CUDA builds overlap on the CPU cores, while the evaluator's per-GPU file lock
       # keeps their timings apart.
-      for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_background; do
+      for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_prompt_background; do
         timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "tests/$f.py" > "$OUT/$f.log" 2>&1 &
       done
       wait
-      for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_background; do echo "== $f"; tail -15 "$OUT/$f.log"; done
+      for f in test_gpu_golden test_evaluate test_cheats test_light_headers test_gpu_precision test_prompt_background; do echo "== $f"; tail -15 "$OUT/$f.log"; done
       # Alone: small calls are timed on the host clock, which the builds above would disturb.
       timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_small_calls.py > "$OUT/test_gpu_small_calls.log" 2>&1
       echo "== test_gpu_small_calls"; tail -15 "$OUT/test_gpu_small_calls.log"

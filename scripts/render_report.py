@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import report_html  # noqa: E402
+from report import html as report_html  # noqa: E402
 
 
 def main() -> int:

@@ -631,7 +631,7 @@ def test_a_real_key_is_scrubbed_from_errors_but_a_reply_that_holds_it_arrives_wh
 
 
 def test_the_transcript_never_holds_a_real_key_though_the_search_gets_the_reply_whole(server, tmp_path):
-    import transcript
+    from driver import transcript
     reply = f"Experiment: read {KEY} from the environment\nx = 1\n"
     server.add(200, openai_body(reply))
     client = make(server)

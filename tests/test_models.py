@@ -1,4 +1,4 @@
-"""models.py: prices and their precedence, the --model list, the ensemble's draws, the cost-aware bandit,
+"""driver/models.py: prices and their precedence, the --model list, the ensemble's draws, the cost-aware bandit,
 the dollar cap and the Role every LLM call goes through (pure logic; no server, no run)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import models
-from models import Price
+from driver import models
+from driver.models import Price
 
 # ----------------------------------------------------------------------------- prices
 

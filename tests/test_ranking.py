@@ -1,4 +1,4 @@
-"""The confirmed ranking (ranking.py and its wiring in run.Search): the rule's properties, the verdicts a
+"""The confirmed ranking (driver/ranking.py and its wiring in run.Search): the rule's properties, the verdicts a
 scripted evaluator of known noise must get, what the search keeps and shows afterwards, and a search that
 is handed lucky measurements."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import hcm
-import ranking
+from driver import ranking
 import run
 import tasks
 from fake_llm import RuleBasedLLM
-from ranking import FASTER, HEAD_TO_HEAD, NOT_FASTER, Figures
+from driver.ranking import FASTER, HEAD_TO_HEAD, NOT_FASTER, Figures
 
 speedups = st.floats(0.05, 50.0)
 noises = st.one_of(st.none(), st.floats(0.0, 1.0))

@@ -1,4 +1,4 @@
-"""`run.py --replay RUN_DIR` (replay.py): a recorded search runs again with no network and reproduces its
+"""`run.py --replay RUN_DIR` (driver/replay.py): a recorded search runs again with no network and reproduces its
 candidates and verdicts; a changed prompt, a wrong option or a directory that is not a recording stops
 it with one line. The fast tests use test_transcript's in-process runs (instant fake evaluator); the
 shipped example is replayed with its recorded verdicts here, and with the real CPU evaluator in a test
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import hcm
-import replay
+from driver import replay
 import run
-import transcript
+from driver import transcript
 from fake_llm import RuleBasedLLM
 from test_search import PROGRAMS
 from test_transcript import InstantEvaluator, record, run_main

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import report_data
-import report_html
+from report import data as report_data
+from report import html as report_html
 from chromium import Chromium
 from test_report_html import make_run
 

@@ -1,4 +1,4 @@
-"""The chart of report.html (report_chart.py) and progress.png (report.py): failed candidates in a band of
+"""The chart of report.html (report/chart.py) and progress.png (report/markdown.py): failed candidates in a band of
 their own, one momentum lane per island, eps_rel clear of the lane's bottom whatever its value, and a
 legend outside the panels."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import report
-import report_chart
-import report_data
+from report import markdown
+from report import chart as report_chart
+from report import data as report_data
 from test_report_html import make_run
 
 
@@ -53,9 +53,9 @@ def test_failures_have_their_band_and_islands_their_lanes(tmp_path):
 
 def test_progress_png_legend_hides_nothing_and_failures_have_their_band(tmp_path):
     events = report_data.load(make_run(tmp_path / "run", generations=30, islands=3)).events
-    data = report.progress_data(events, 4.0)
+    data = markdown.progress_data(events, 4.0)
     assert set(data["momentum"]) == {0, 1, 2} and len(data["momentum"][0]) == 30
-    fig = report.progress_figure(data, "synthetic", eps_rel=0.001)
+    fig = markdown.progress_figure(data, "synthetic", eps_rel=0.001)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     legend = fig.legends[0].get_window_extent(renderer)
@@ -67,4 +67,4 @@ def test_progress_png_legend_hides_nothing_and_failures_have_their_band(tmp_path
     assert {"incorrect", "crossover", "backtrack", "eps_rel = 0.001", "island 2 best so far"} <= labels
     assert len(band.collections) >= 3 and not any(c.get_offsets().shape[0] and c.get_offsets()[:, 1].max() < 0.5
                                                    and c.get_offsets()[:, 1].min() > 5 for c in speed.collections)
-    assert report.plot_progress(data, "synthetic", Path(tmp_path / "p.png"), 0.001)
+    assert markdown.plot_progress(data, "synthetic", Path(tmp_path / "p.png"), 0.001)

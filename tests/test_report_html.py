@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import report_data
-import report_html
-import transcript
+from report import data as report_data
+from report import html as report_html
+from driver import transcript
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
@@ -190,7 +190,7 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
     s0 = 4.0
     config = {"task": "synthetic", "islands": islands, "generations": generations, "eps_rel": 0.9,
               "k_idea": 5, "model": "fake", "eval_cache": None}
-    task = {"name": "synthetic", "rtol": 1e-4, "device": "cpu"}   # as rundir.py writes the task's settings
+    task = {"name": "synthetic", "rtol": 1e-4, "device": "cpu"}   # as driver/rundir.py writes the task's settings
     (path / "config.json").write_text(json.dumps({"config": config, "task": task, "device": "cpu",
                                                   "hardware": "a CPU", "started": "20260101-000000"}))
     events, t, n = [], 1.0e9, 0

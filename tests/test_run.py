@@ -315,7 +315,7 @@ def test_score_is_s0_over_the_paired_speedup():
 
 
 def test_report_states_the_reference_drift():
-    import report
-    assert report.drift_summary([]) == ""
-    text = report.drift_summary([0.01, -0.02, 0.05])
+    from report import markdown
+    assert markdown.drift_summary([]) == ""
+    text = markdown.drift_summary([0.01, -0.02, 0.05])
     assert "median +1.0%" in text and "from -2.0% to +5.0%" in text and "3 evaluations" in text

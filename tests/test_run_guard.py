@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import cli
+from driver import cli
 import llm
-import llm_check
-import report
+from driver import llm_check
+from report import markdown
 import run
-import rundir
+from driver import rundir
 import tasks
 from http_fixtures import ScriptedServer
 
@@ -316,7 +316,7 @@ def test_progress_data_has_every_evaluation_the_lines_and_the_interventions():
         {"type": "action", "island": 0, "generation": 2, "action": "crossover"},
         {"type": "evaluation", "program": "p", "status": "ok"},
     ]
-    data = report.progress_data(events, s0)
+    data = markdown.progress_data(events, s0)
     kinds = [(p["island"], p["generation"], p["kind"], p["speedup"]) for p in data["points"]]
     assert kinds == [(0, 1, "failed", None), (0, 1, "correct", 0.8), (1, 1, "correct", 2.0),
                      (0, 2, "incorrect", None)]
@@ -327,18 +327,18 @@ def test_progress_data_has_every_evaluation_the_lines_and_the_interventions():
 
 
 def test_progress_plot_is_drawn(tmp_path):
-    data = report.progress_data([{"type": "generation", "island": 0, "generation": 1, "island_best_ms": 1.0,
+    data = markdown.progress_data([{"type": "generation", "island": 0, "generation": 1, "island_best_ms": 1.0,
                                   "attempts": [{"status": "ok", "score": 1.0}]}], 2.0)
-    assert report.plot_progress(data, "t", tmp_path / "p.png")
+    assert markdown.plot_progress(data, "t", tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_summary_says_when_nothing_beat_the_reference():
     slower = {"runtime_ms": 12.0, "speedup": 10 / 12, "island": 0, "generation": 3}
-    assert "nothing beat the reference" in report.best_summary(slower, 10.0)
-    assert "slower" in report.best_summary(slower, 10.0)
+    assert "nothing beat the reference" in markdown.best_summary(slower, 10.0)
+    assert "slower" in markdown.best_summary(slower, 10.0)
     faster = dict(slower, runtime_ms=5.0, speedup=2.0)
-    assert report.best_summary(faster, 10.0).startswith("**best: 5 ms, 2.000x")
+    assert markdown.best_summary(faster, 10.0).startswith("**best: 5 ms, 2.000x")
 
 
 def test_llm_failure_classes_are_read_from_the_generation_notes():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import background
+from driver import prompt_background
 import run
 from fake_evaluator import Result
 from fake_llm import OpenAIServer, RuleBasedLLM
@@ -57,7 +57,7 @@ class Evaluator:
 @pytest.fixture
 def fake_run(monkeypatch):
     monkeypatch.setattr(run, "make_evaluator", lambda *a, **kw: Evaluator())
-    monkeypatch.setattr(background, "device_facts", lambda ev, device: {"kind": "cpu", "cpu": "fake", "threads": 1})
+    monkeypatch.setattr(prompt_background, "device_facts", lambda ev, device: {"kind": "cpu", "cpu": "fake", "threads": 1})
     for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PACEVOLVE_MODEL"):
         monkeypatch.delenv(k, raising=False)
     # cheap: 1 improvement in 4 implementations at a tenth of the price: 2.5 times strong's value per dollar

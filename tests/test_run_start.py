@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import cli
+from driver import cli
 import llm
-import llm_check
+from driver import llm_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -217,8 +217,8 @@ def test_third_party_warnings_go_to_the_runs_log_not_the_console(tmp_path, capsy
     import logging
     import warnings
 
-    import rundir
-    from run_setup import RunLog
+    from driver import rundir
+    from driver.startup import RunLog
     log = RunLog()
     try:
         ray_like = logging.getLogger("ray")

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-import background
+from driver import prompt_background
 import llm
 import run
-import rundir
+from driver import rundir
 from fake_evaluator import FakeEvaluator
 from fake_llm import RuleBasedLLM
 from test_run import PROGRAMS, _comparable, _serve
@@ -70,7 +70,7 @@ def _child(argv: list[str], moment: Moment | None) -> int:
     trigger = _Trigger(moment)
     evaluator = FakeEvaluator(hooks=trigger.hit)
     run.make_evaluator = lambda *args, **kw: evaluator
-    background.device_facts = lambda ev, device: {"kind": "cpu", "cpu": "fake CPU", "threads": 1}
+    prompt_background.device_facts = lambda ev, device: {"kind": "cpu", "cpu": "fake CPU", "threads": 1}
     chat, save = llm.Client.chat, rundir.RunDir.save_checkpoint
 
     def watched_chat(self, messages):
@@ -138,7 +138,7 @@ def warm():
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (imported once here, not in every forked run)
     import torch  # noqa: F401
-    import report_html  # noqa: F401
+    from report import html as report_html  # noqa: F401
 
 
 def _args(url: str, out: Path, generations: int) -> list:
@@ -218,7 +218,7 @@ REAL_MESSAGES = [   # as the evaluator words them (CPU, conv_groupnorm_small)
 
 @pytest.mark.parametrize("status,message,reason", REAL_MESSAGES, ids=["wrong", "nan", "error", "rule"])
 def test_a_failed_candidates_line_says_why_in_a_few_words(status, message, reason):
-    import console
+    from driver import console
     import hcm
     gen = hcm.GenerationResult(status="evaluated", idea_id=2, outcome=hcm.Outcome(status, message=message),
                                attempts=[{"status": "incorrect"}, {"status": "incorrect"}, {"status": status}])

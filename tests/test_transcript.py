@@ -1,4 +1,4 @@
-"""The transcript (transcript.py): every LLM request of a run is one record with the right purpose, texts
+"""The transcript (driver/transcript.py): every LLM request of a run is one record with the right purpose, texts
 come back exactly, long texts are stored once, and a kill or a resume leaves a consistent file. The runs
 here are run.main in-process against a local OpenAI-compatible server (fake_llm.OpenAIServer) with an
 instant fake evaluator, so they take a few seconds."""
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import hcm
 import llm
-import llm_check
+from driver import llm_check
 import run
-import transcript
+from driver import transcript
 from fake_llm import OpenAIServer, RuleBasedLLM
 from http_fixtures import ScriptedServer
 from test_search import PROGRAMS, FakeEvaluator
@@ -221,7 +221,7 @@ def test_resumed_run_rewinds_its_transcript(tmp_path, monkeypatch):
 
 def test_report_md_and_html_show_the_exchanges_of_a_real_search(recorded):
     out, requests = recorded
-    import report_html
+    from report import html as report_html
     from test_report_html import check_page
     report_html.write(out)
     check_page(out)   # every candidate's exchange, every generation's calls, the ideas' calls

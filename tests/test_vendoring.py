@@ -37,8 +37,8 @@ def test_the_evaluator_folder_alone_evaluates_a_cpu_candidate(tmp_path):
     assert Path(where) == tmp_path / "evaluate_kernel"
 
 
-@pytest.mark.parametrize("module", ["momentum.py", "crossover.py", "models.py"])
+@pytest.mark.parametrize("module", ["momentum.py", "crossover.py", "driver/models.py"])
 def test_the_pure_modules_stand_alone(tmp_path, module):
-    shutil.copy(REPO / module, tmp_path / module)
-    done = _run(tmp_path, f"import {module[:-3]}\nprint('ok')")
+    shutil.copy(REPO / module, tmp_path / Path(module).name)
+    done = _run(tmp_path, f"import {Path(module).stem}\nprint('ok')")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -6,8 +6,8 @@ report.md says why the run stopped, the best program with its measured times, sp
 (or that nothing beat the reference), wall time (summed over resumes), evaluations per status and the
 head-to-heads that confirmed the ranking, LLM calls, tokens, failures per error class and replies that
 could not be parsed per prompt kind, tokens per island, LLM calls and tokens per purpose (from the
-transcript, transcript.py), a replay's comparison with its recording, what the LLM calls cost
-(report_cost.py: per model, per candidate, per improvement of the best, the models chosen over the
+transcript, driver/transcript.py), a replay's comparison with its recording, what the LLM calls cost
+(report/cost.py: per model, per candidate, per improvement of the best, the models chosen over the
 rounds), per island its best and best-so-far trajectory, and the interventions with the weights that
 chose them. progress.png has three panels on one generation axis: every correct evaluation as a point
 with each island's best-so-far line, the interventions on the island where they happened and the
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import report_chart
-import report_cost
-import transcript
-from rundir import hardware_name, write_atomic
+from report import chart as report_chart
+from report import cost as report_cost
+from driver import transcript
+from driver.rundir import hardware_name, write_atomic
 
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = {"backtrack": "v", "crossover": "*"}
@@ -173,7 +173,7 @@ def purpose_table(reading) -> list[str]:
     totals = transcript.totals(reading)
     if not totals:
         return []
-    out = ["", "LLM calls per purpose (transcript.jsonl; `python transcript.py DIR N` prints call N):", "",
+    out = ["", "LLM calls per purpose (transcript.jsonl; `python -m driver.transcript DIR N` prints call N):", "",
            "| purpose | calls | failed | format reminders | prompt tokens | output tokens | seconds |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for purpose, t in sorted(totals.items(), key=lambda kv: -kv[1]["calls"]):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-import models
+from driver import models
 
 REASON_CHARS = 110
 

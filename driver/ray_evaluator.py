@@ -55,7 +55,7 @@ ACTOR_PREFIX = "pacevolve-eval-"
 CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
 MAX_DEATHS = 2            # actors an evaluation may kill before it counts as the candidate's fault
 LOCAL = "local"           # --ray local: start a Ray instance on this machine
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 _NOT_SHIPPED = [".git", "runs", ".raypkg", ".cache", ".whl", ".gl", ".hypothesis", ".pytest_cache",
                 ".benchmarks", "__pycache__", "*.pyc", "*.png", "*.html"]
 

@@ -31,12 +31,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import llm
-import rundir as rundir_mod
-import transcript
-from cli import Config, _flag
+from driver import rundir as rundir_mod
+from driver import transcript
+from driver.cli import Config, _flag
 from hcm_prompts import prompt_kind
 from hcm_state import program_id
-from run_setup import SetupError
+from driver.startup import SetupError
 
 # What a replay may be given besides --replay; everything else is the recording's.
 OPTIONS = ("replay", "out", "quiet", "reference_limit")

@@ -16,12 +16,12 @@ Joins made here:
     order by experiment, because a backtrack restores an older pool whose idea ids get reused;
   - snapshot k of an island is labelled with the generation it was saved after (one per generation,
     one after each backtrack), so "backtrack to snapshot 3" reads "back to the state after generation 2";
-  - LLM exchanges (transcript.jsonl, transcript.py): a candidate's is the implementation or repair call
+  - LLM exchanges (transcript.jsonl, driver/transcript.py): a candidate's is the implementation or repair call
     whose reply carried it; a generation's are the calls its island made for it; an idea's are the calls
     that proposed it, placed it in the pool (new, or merged into it), summarised it or pruned it, read
     from the generation's notes ("new idea 3", "merged proposal 2 into idea 3", "summarised idea 3",
     "pruned ideas [3]") and a crossover's prune notes.
-Standard library only (and the project's transcript.py).
+Standard library only (and the project's driver/transcript.py).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import transcript as transcript_mod
+from driver import transcript as transcript_mod
 
 
 @dataclass

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 import llm
-import llm_check
-import models
-import rundir as rundir_mod
+from driver import llm_check
+from driver import models
+from driver import rundir as rundir_mod
 import tasks
-from cli import Config
+from driver.cli import Config
 
 
 class SetupError(Exception):
@@ -196,7 +196,7 @@ def connect_ray(cfg: Config, device: str, log: "RunLog | None" = None) -> bool:
     actor, checked before the run directory is made and the reference measured. Ray's own log lines go to
     the run's log. Returns True when Ray was started here (it is shut down with the evaluator)."""
     try:
-        import ray_eval
+        from driver import ray_evaluator
     except ImportError as e:
         raise SetupError(f"--ray needs Ray, which is not installed here ({e}): pip install -r "
                          "requirements-ray.txt, or run without --ray") from None
@@ -204,11 +204,11 @@ def connect_ray(cfg: Config, device: str, log: "RunLog | None" = None) -> bool:
         log.adopt("ray")
     started = False
     try:
-        started = ray_eval.connect(cfg.ray)
-        ray_eval.check_capacity(device, cfg.ray_cpus, cfg.ray_actors)
-    except ray_eval.ClusterError as e:
+        started = ray_evaluator.connect(cfg.ray)
+        ray_evaluator.check_capacity(device, cfg.ray_cpus, cfg.ray_actors)
+    except ray_evaluator.ClusterError as e:
         if started:
-            ray_eval.ray.shutdown()
+            ray_evaluator.ray.shutdown()
         raise SetupError(f"--ray {cfg.ray}: {e}") from None
     if log is not None:
         log.adopt("ray")   # ray.init may have set its handlers up again
@@ -218,14 +218,14 @@ def connect_ray(cfg: Config, device: str, log: "RunLog | None" = None) -> bool:
 def _ray_evaluator(cfg: Config, task: tasks.Task, kw: dict, owns_ray: bool = False):
     """The evaluator of --ray: actors on the cluster's GPUs (or CPUs), the same interface as a local one."""
     try:
-        import ray_eval
+        from driver import ray_evaluator
     except ImportError as e:
         raise SetupError(f"--ray needs Ray, which is not installed here ({e}): pip install -r "
                          "requirements-ray.txt, or run without --ray") from None
     try:
-        return ray_eval.RayEvaluator.for_task(task, address=cfg.ray, cpus_per_actor=cfg.ray_cpus,
+        return ray_evaluator.RayEvaluator.for_task(task, address=cfg.ray, cpus_per_actor=cfg.ray_cpus,
                                               max_actors=cfg.ray_actors, owns_ray=owns_ray, **kw)
-    except ray_eval.ClusterError as e:
+    except ray_evaluator.ClusterError as e:
         raise SetupError(f"--ray {cfg.ray}: {e}") from None
     except RuntimeError as e:
         raise SetupError(f"the reference does not start on the Ray cluster: {_reference_problem(e)}") from None

@@ -1,4 +1,4 @@
-"""report.html's LLM exchanges: the transcript (transcript.py) as a section of the page, and the links into it.
+"""report.html's LLM exchanges: the transcript (driver/transcript.py) as a section of the page, and the links into it.
 
     x = Exchanges(run, cards, prog_link)    # run: report_data.Run; cards: candidate ids shown with their source
     x.section()                             # calls and tokens per purpose, then every call on the page, folded
@@ -6,16 +6,16 @@
 
 The page shows the prompt and reply of the calls behind the candidates with cards first, then the calls in
 the order they were made, within BUDGET characters; a 1,000-generation run makes thousands of calls, and
-`python transcript.py RUN_DIR N` prints any of them. Each call is a folded <details id="x-N"> inside its
+`python -m driver.transcript RUN_DIR N` prints any of them. Each call is a folded <details id="x-N"> inside its
 generation's <details id="xg-ISLAND-GEN"> (a crossover's prune: "xc-..."; the probes: "xg-setup"); a link
 to a call that is not on the page says so instead of leading nowhere.
-Standard library only (and the project's transcript.py).
+Standard library only (and the project's driver/transcript.py).
 """
 from __future__ import annotations
 
 from html import escape
 
-import transcript
+from driver import transcript
 
 BUDGET = 600_000           # characters of LLM prompts and replies on the page
 IDEA_LINKS = 4             # calls linked from an idea: the first and the latest this many
@@ -77,7 +77,7 @@ class Exchanges:
                        + "".join(self._call(c) for c in shown) + "</details>")
         if hidden:
             out.append(f"<p>{_plural(hidden, 'more call')} not on this page, to keep it within {BUDGET:,} "
-                       f"characters of exchanges: <code>python transcript.py {_e(self.run.path)} N</code> "
+                       f"characters of exchanges: <code>python -m driver.transcript {_e(self.run.path)} N</code> "
                        "prints call N.</p>")
         return "\n".join(out)
 
@@ -88,7 +88,7 @@ class Exchanges:
         label = ("" if short else _short_purpose(c.get("purpose")) + " ") + f"call {c.get('call')}"
         if c.get("call") in self.inline:
             return f'<a href="#x-{c.get("call")}">{_e(label)}</a>'
-        return _e(label) + ("" if short else " <span class=muted>(not on this page: python transcript.py)</span>")
+        return _e(label) + ("" if short else " <span class=muted>(not on this page: python -m driver.transcript)</span>")
 
     def calls_link(self, island, generation, text) -> str:
         """`text` linking to the calls island `island` made for `generation`, when they are on the page."""

@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
-import models
+from driver import models
 import momentum
 import tasks
 

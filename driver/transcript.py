@@ -1,7 +1,7 @@
 """The transcript of a run: every LLM exchange, kept in the run directory as transcript.jsonl.
 
 The paper's mechanisms (§3.1 Algorithm 1, §3.3) live in what the LLM is asked and answers; the transcript
-keeps all of it, so a reader can watch Algorithm 1 at work and `run.py --replay` (replay.py) can run the
+keeps all of it, so a reader can watch Algorithm 1 at work and `run.py --replay` (driver/replay.py) can run the
 same search again without an API.
 
     book = Transcript()                              # records made before the run directory exists wait
@@ -9,7 +9,7 @@ same search again without an API.
     llm(prompt, purpose="selection", attempt=0)      # hcm._Caller passes both; see Recorder
     book.attach(run_dir)                             # writes what waited, then every record as it is made
     calls = read(run_dir)                            # the call records; text(call["reply"]) is the reply
-    python transcript.py RUN_DIR [N ...]             # prints calls N (default: a line per call)
+    python -m driver.transcript RUN_DIR [N ...]             # prints calls N (default: a line per call)
 
 One JSON object per line, two kinds:
   {"text": ID, "body": "..."}    a piece of text, stored once; ID is its sha256 (16 hex digits)
@@ -19,7 +19,7 @@ One JSON object per line, two kinds:
       "probe"), attempt (1 for a format reminder), role (main or secondary), model, messages (the chat
       messages sent), reply (None when the call failed), error ("Class: message"), program (the id of
       the program an implementation or repair reply carries), tokens, latency_s, retries, finish, usd
-      (its US dollars at the run's prices, models.py; None when the model has no price).
+      (its US dollars at the run's prices, driver/models.py; None when the model has no price).
   A text field is a string, or a list of strings and {"t": ID} references, joined in order (`text`).
 Never kept: API keys (not even one a reply or a prompt holds: llm.Client.redact), headers, URLs. A request the client never sent (llm_check.LLMStopped after too many
 failures) is not a record; a call that failed after reaching the client is, with its error.
@@ -289,19 +289,19 @@ def _scan(lines: list[str]) -> tuple[set[str], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python transcript.py RUN_DIR [N ...]: a line per call, or calls N ... with prompt and reply."""
+    """python -m driver.transcript RUN_DIR [N ...]: a line per call, or calls N ... with prompt and reply."""
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help") or not all(a.isdigit() for a in args[1:]):
-        print("usage: python transcript.py RUN_DIR [N ...]   (a line per LLM call, or calls N ... in full)")
+        print("usage: python -m driver.transcript RUN_DIR [N ...]   (a line per LLM call, or calls N ... in full)")
         return 0 if args and args[0] in ("-h", "--help") else 2
     reading = read(Path(args[0]))
     if not reading.calls:
-        print(f"transcript.py: no {FILE} with calls in {args[0]}", file=sys.stderr)
+        print(f"transcript: no {FILE} with calls in {args[0]}", file=sys.stderr)
         return 2
     by_number = {c.get("call"): c for c in reading.calls}
     for c in reading.calls if len(args) == 1 else [by_number.get(int(n)) for n in args[1:]]:
         if c is None:
-            print(f"transcript.py: no such call (1-{len(reading.calls)})", file=sys.stderr)
+            print(f"transcript: no such call (1-{len(reading.calls)})", file=sys.stderr)
             return 2
         t = c.get("tokens") or {}
         head = (f"call {c.get('call')}: {c.get('purpose')}" + (" (format reminder)" if c.get("attempt") else "")

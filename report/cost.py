@@ -1,6 +1,6 @@
 """What a run's LLM calls cost, for report.md and report.html: per model, per candidate, per improvement of
 the run's best, and which models the main role called over the rounds (the ensemble's draws, or the
-bandit's choices; models.py).
+bandit's choices; driver/models.py).
 
     cost = Cost.load(run_dir)     # spend.json (the ledger), events.jsonl, checkpoint.json
     cost.markdown()               # report.md's section, [] when there is nothing to say
@@ -12,7 +12,7 @@ the calls of a round cut short by a stop, which the resumed run made again, incl
 event holds the dollars of its island's calls since its previous generation (the crossover prune before it
 included) and its main-role calls per model; the checkpoint holds the bandit's statistics. An improvement
 is a generation whose candidate became the run's best (faster than the reference and every earlier one); its
-cost is what all islands spent since the previous improvement. Standard library only (and models.py, itself
+cost is what all islands spent since the previous improvement. Standard library only (and driver/models.py, itself
 standard library only).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
-from models import usd
+from driver.models import usd
 
 MAX_BUCKETS = 12       # columns of rounds in the table of choices
 

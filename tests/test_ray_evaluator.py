@@ -15,8 +15,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-import cli  # noqa: E402
-import ray_eval  # noqa: E402
+from driver import cli  # noqa: E402
+from driver import ray_evaluator  # noqa: E402
 import run  # noqa: E402
 import tasks  # noqa: E402
 from fake_llm import RuleBasedLLM  # noqa: E402
@@ -34,7 +34,7 @@ def local_ray():
     os.environ["PACEVOLVE_TEST_API_KEY"] = SECRET
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
              object_store_memory=128 << 20,   # results are small
-             runtime_env=ray_eval.runtime_env())
+             runtime_env=ray_evaluator.runtime_env())
     yield
     ray.shutdown()
     os.environ.pop("PACEVOLVE_TEST_API_KEY", None)
@@ -48,7 +48,7 @@ def _kill_busy(times: int, stop: threading.Event) -> list[str]:
         while len(killed) < times and not stop.is_set() and ray.is_initialized():
             actors = {}
             for name in ray.util.list_named_actors():
-                if name.startswith(ray_eval.ACTOR_PREFIX) and name not in killed:
+                if name.startswith(ray_evaluator.ACTOR_PREFIX) and name not in killed:
                     try:
                         actors[name] = ray.get_actor(name)
                     except ValueError:   # gone meanwhile
@@ -77,7 +77,7 @@ class TestEvaluator:
 
     @pytest.fixture(scope="class")
     def ev(self, tmp_path_factory):
-        evaluator = ray_eval.RayEvaluator.for_task(tasks.get("conv_groupnorm_small"), address="auto",
+        evaluator = ray_evaluator.RayEvaluator.for_task(tasks.get("conv_groupnorm_small"), address="auto",
                                                    log_dir=str(tmp_path_factory.mktemp("logs")))
         yield evaluator
         evaluator.close()
@@ -151,9 +151,9 @@ def test_ray_run_survives_a_killed_actor_and_resumes(tmp_path):
 
 def test_one_gpu_model_or_a_clear_refusal():
     info = lambda name: {"device_info": {"device_name": name}}
-    assert ray_eval.one_gpu_model([info("NVIDIA H200"), info("NVIDIA H200")]) == "NVIDIA H200"
-    with pytest.raises(ray_eval.ClusterError, match="mixes GPU models .*1 x NVIDIA A100, 1 x NVIDIA H200"):
-        ray_eval.one_gpu_model([info("NVIDIA H200"), info("NVIDIA A100")])
+    assert ray_evaluator.one_gpu_model([info("NVIDIA H200"), info("NVIDIA H200")]) == "NVIDIA H200"
+    with pytest.raises(ray_evaluator.ClusterError, match="mixes GPU models .*1 x NVIDIA A100, 1 x NVIDIA H200"):
+        ray_evaluator.one_gpu_model([info("NVIDIA H200"), info("NVIDIA A100")])
 
 
 def test_ray_may_change_on_resume():
@@ -174,6 +174,6 @@ def test_without_ray_nothing_imports_it():
 def test_an_actor_drops_credentials_but_keeps_rays_own_settings():
     env = {"GEMINI_API_KEY": "k", "OPENAI_API_KEY": "k", "HF_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
            "RAY_AUTH_TOKEN": "cluster", "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "1"}
-    gone = ray_eval.drop_credentials(env)
+    gone = ray_evaluator.drop_credentials(env)
     assert sorted(gone) == ["AWS_SECRET_ACCESS_KEY", "GEMINI_API_KEY", "HF_TOKEN", "OPENAI_API_KEY"]
     assert env == {"RAY_AUTH_TOKEN": "cluster", "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "1"}

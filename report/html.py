@@ -8,15 +8,15 @@ any run directory, finished, running or killed. The page, top to bottom:
      evaluations per status, LLM failures;
   2. the best kernel: the idea and experiment that produced it and its lineage (every program it was
      written from, back to the reference);
-  3. the chart (report_chart.py): every evaluation by island, best so far, momentum m_t, interventions;
+  3. the chart (report/chart.py): every evaluation by island, best so far, momentum m_t, interventions;
   4. every intervention of Algorithm 2: m_t against eps_rel, A_i and A_j, the weights w_BT and w_Cj
      (crossover.py), the sampled action and what it did;
   5. per island: the idea pool now (Algorithm 1's P, each idea with its hypotheses and results), ideas
      no longer in it (pruned, or left behind by a backtrack: the permanent log L), the pool before and
      after each backtrack, and the history of its generations;
   6. every candidate: verdict, evaluator message, timing, parent, idea, LLM cost, source and diff with its
-     parent; then what the LLM calls cost (report_cost.py), when a model costs money or there are several;
-  7. the LLM exchanges (report_exchanges.py, from transcript.jsonl): calls and tokens per purpose, then every
+     parent; then what the LLM calls cost (report/cost.py), when a model costs money or there are several;
+  7. the LLM exchanges (report/exchanges.py, from transcript.jsonl): calls and tokens per purpose, then every
      call by island and generation, its prompt and reply folded, within a budget of characters.
 Links join candidates, ideas, generations, interventions and the exchanges (a candidate to the call whose
 reply carried it, a generation to its calls, an idea to the calls that proposed, added, merged, summarised
@@ -37,10 +37,10 @@ import threading
 from html import escape
 from pathlib import Path
 
-import report_chart
-import report_cost
-import report_data
-import report_exchanges
+from report import chart as report_chart
+from report import cost as report_cost
+from report import data as report_data
+from report import exchanges as report_exchanges
 
 INLINE_SOURCES = 10        # candidates, fastest first, whose full source is on the page
 DIFF_BUDGET = 600_000      # characters of inline diffs for the other candidates

@@ -1,9 +1,9 @@
-"""Tests for background.py: prompts written for the device the task runs on (pure: facts in, text out)."""
+"""Tests for driver/prompt_background.py: prompts written for the device the task runs on (pure: facts in, text out)."""
 from __future__ import annotations
 
 import pytest
 
-import background
+from driver import prompt_background
 
 GPU_INFO = {"device_name": "NVIDIA H200", "capability": [9, 0], "sms": 132, "total_mem": 150_000_000_000,
             "l2_bytes": 60 * 2**20, "mem_bw_bytes_per_s": 4.3e12}
@@ -14,26 +14,26 @@ GPU_WORDS = ("GPU", "CUDA", "L2", "stream", "cuDNN", "SM")
 
 
 def test_cpu_background_states_threads_isa_compiler_and_flags_and_no_gpu_wording():
-    for text in (background.kernel_background(CPU, "conv + GroupNorm, fp32"), background.kernel_brief(CPU, "x")):
+    for text in (prompt_background.kernel_background(CPU, "conv + GroupNorm, fp32"), prompt_background.kernel_brief(CPU, "x")):
         for word in GPU_WORDS:
             assert word not in text, word
-    text = background.kernel_background(CPU, "conv + GroupNorm, fp32")
+    text = prompt_background.kernel_background(CPU, "conv + GroupNorm, fp32")
     for needle in ("AMD EPYC 9654", "1 thread used for timing", "2 cores", "avx2, fma", "c++ (Debian 12.2.0-14)",
                    "`-fPIC -std=c++20`", "no optimisation flag", "-O3", "single-threaded", "conv + GroupNorm",
                    "ModelNew", "load_inline", "same order", "float32", "on the CPU", "try/except", "caching",
                    "subclassing", "tensor subclasses", "re-seeded weights"):
         assert needle in text, needle
-    four = background.kernel_background({**CPU, "threads": 4, "cflags": "-O2 -fPIC"}, "x")
+    four = prompt_background.kernel_background({**CPU, "threads": 4, "cflags": "-O2 -fPIC"}, "x")
     assert "4 threads used for timing" in four and "no optimisation flag" not in four
 
 
 def test_gpu_background_states_the_measured_device_facts():
-    facts = background.gpu_facts(GPU_INFO)
-    text = background.kernel_background(facts, "softmax")
+    facts = prompt_background.gpu_facts(GPU_INFO)
+    text = prompt_background.kernel_background(facts, "softmax")
     for needle in ("NVIDIA H200", "compute capability 9.0", "132 SMs", "140 GiB memory", "4,300 GB/s",
                    "60 MiB L2", "CUDA events", "L2 flush", "already on the GPU", "streams", "softmax"):
         assert needle in text, needle
-    assert "GB/s" not in background.describe_device(background.gpu_facts({**GPU_INFO, "mem_bw_bytes_per_s": None}))
+    assert "GB/s" not in prompt_background.describe_device(prompt_background.gpu_facts({**GPU_INFO, "mem_bw_bytes_per_s": None}))
 
 
 def test_device_facts_prefers_the_evaluator_device_info():
@@ -44,15 +44,15 @@ def test_device_facts_prefers_the_evaluator_device_info():
         def device_info(self, gpu=None):
             return {**GPU_INFO, "device_name": "NVIDIA H100"}
 
-    assert background.device_facts(Old(), "cuda")["name"] == "NVIDIA H200"
-    assert background.device_facts(New(), "cuda")["name"] == "NVIDIA H100"
+    assert prompt_background.device_facts(Old(), "cuda")["name"] == "NVIDIA H200"
+    assert prompt_background.device_facts(New(), "cuda")["name"] == "NVIDIA H100"
 
 
 def test_cpu_facts_read_this_machine():
-    facts = background.cpu_facts(threads=1)
+    facts = prompt_background.cpu_facts(threads=1)
     assert facts["kind"] == "cpu" and facts["threads"] == 1 and facts["cores"] >= 1
-    assert facts["isa"] is None or all(f in background.CPU_FEATURES for f in facts["isa"])
-    flags = background.load_inline_cflags()
+    assert facts["isa"] is None or all(f in prompt_background.CPU_FEATURES for f in facts["isa"])
+    flags = prompt_background.load_inline_cflags()
     assert flags is None or ("-std=" in flags and "-isystem" not in flags and "TORCH_EXTENSION_NAME" not in flags)
 
 
@@ -65,7 +65,7 @@ def test_gpu_background_from_this_gpu():
     with evaluate_kernel.Evaluator(tasks.get("softmax@v0").reference_src, device="cuda", gpus=[0]) as ev:
         info = ev.device_info()                                    # measured by the reference worker
     assert info.get("mem_bw_bytes_per_s", 0) > 1e11
-    text = background.kernel_background(background.gpu_facts(info), "x")
+    text = prompt_background.kernel_background(prompt_background.gpu_facts(info), "x")
     assert "GB/s" in text
     props = torch.cuda.get_device_properties(0)
     assert props.name in text and f"{props.multi_processor_count} SMs" in text
