@@ -26,10 +26,11 @@ by more than the two measurements' noise or wins a head-to-head re-measurement; 
 score is the re-measured one wherever it is used (tournament, momentum, crossover, best.py). What is shown
 (prompts, console, best.py, report.md) is measured: both times and the speedup with its noise band.
 
-`main` in order: the options are checked (driver/cli.py); the task, device and LLM clients are set up and each
-model answers one probe call (driver/llm_check.py); the run directory is made (driver/rundir.py); the reference is
-measured once (s_0); then rounds run until the generations, the token budget, the dollar budget or the LLM
-run out (`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report/markdown.py).
+`main` in order: the options are checked (driver/cli.py); driver/startup.py resolves everything once
+(new, resumed or replayed run, task, device, LLM clients and their probe calls, run directory, evaluator
+and the reference's runtime s_0) into one object; then rounds run until the generations, the token budget,
+the dollar budget or the LLM run out (`--max-llm-failures` calls in a row failed); report.md and
+progress.png close it (report/markdown.py), report.html is drawn after every round (report/html.py).
 Every LLM call goes through models.Role: with several --model models it picks one per call (weights or a
 cost-aware bandit), and it keeps the dollars (spend.json) within --budget-usd. A call the budget refuses
 cuts its round short: like a stop, that round is not checkpointed and runs again on resume.
@@ -57,7 +58,6 @@ import concurrent.futures
 import dataclasses
 import json
 import math
-import os
 import random
 import re
 import sys
@@ -66,25 +66,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver import prompt_background
-from driver import cli
-from driver import console
 import crossover
+from driver import cli, console, llm_check, models, prompt_background, ranking, replay, startup, transcript
+from driver.cli import Config
+from driver.rundir import RunDir, RunDirError, hardware_name
 import hcm
-from driver import llm_check
-from driver import models
 import momentum
-from driver import ranking
-from driver import replay as replay_mod
-from driver import rundir as rundir_mod
 from report import html as report_html
+from report import markdown as report_md
 import tasks
-from driver import transcript
-from driver.startup import (RunLog, SetupError, check_device, connect_ray, make_clients, make_evaluator,  # noqa: F401
-                       measure_reference, new_run_dir, nothing_to_add, record_resume)
-from driver.cli import Config, parse_args, given_options  # noqa: F401  (run.Config, run.parse_args: the API)
-from report.markdown import best_header, write_report  # noqa: F401
-from driver.rundir import RunDir, write_atomic  # noqa: F401
 
 TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
@@ -93,7 +83,6 @@ EXIT_EVALUATOR_FAILED = 4
 EXIT_INTERRUPTED = stopping.EXIT_INTERRUPTED
 EXIT_TERMINATED = stopping.EXIT_TERMINATED
 EXIT_REPLAY_MISMATCH = 5
-_hardware_name = rundir_mod.hardware_name
 REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
 
 
@@ -528,10 +517,10 @@ class Search:
         never shows a program of a round a stop left unfinished; its header gives the measured figures."""
         gb = self.global_best
         if gb is not None:
-            header = best_header(self.task.name, _hardware_name(self.device), self.s0, gb,
-                                 self._metric_text(gb["program"]),
-                                 self.ledger.standing(gb["program"]) if gb["program"] in self.ledger.figures else "")
-            self.rundir.save_best(gb, self.task.name, self.s0, _hardware_name(self.device), header=header)
+            standing = self.ledger.standing(gb["program"]) if gb["program"] in self.ledger.figures else ""
+            header = report_md.best_header(self.task.name, hardware_name(self.device), self.s0, gb,
+                                           self._metric_text(gb["program"]), standing)
+            self.rundir.save_best(gb, self.task.name, self.s0, hardware_name(self.device), header=header)
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -687,12 +676,9 @@ def write_html_report(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- main
 
-load_task = cli.load_task
-
-
 def main(argv: list[str] | None = None) -> int:
     cfg = cli.parse_args(argv)   # a bad option exits 2 here, with one line
-    stop, log = stopping.StopRequest(), RunLog()
+    stop, log = stopping.StopRequest(), startup.RunLog()
     try:
         with stop.installed():   # SIGINT and SIGTERM end a run the same way: report written, resumable
             return _main_with_messages(cfg, argv, stop, log)
@@ -700,10 +686,47 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
 
 
-def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.StopRequest, log: RunLog) -> int:
+def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None,
+          log: startup.RunLog | None = None) -> int:
+    """Start (everything resolved once: driver/startup.py), run the islands, report."""
+    stop = stop or stopping.StopRequest()
+    if cfg.report:
+        print(report_html.write(_run_dir_to_draw(cfg.report)))
+        return 0
+    say = (lambda line: None) if cfg.quiet else print
+    s = startup.start(cfg, given, stop, log, say)
+    search = None
+    try:
+        try:
+            search = Search(s.cfg, s.task, s.evaluator, s.llm_main, s.llm_cheap, s.rd, s.s0, s.device,
+                            book=s.book, facts=s.facts, stop=stop)
+            if s.state:
+                search.restore(s.state)
+                say(f"resuming {s.rd.path} at round {search.round}")
+            else:
+                search.checkpoint()   # round 0: resumable from the first moment
+                say(f"pacevolve: {s.task.name} on {hardware_name(s.device)}, reference {s.s0:.4g} ms, "
+                    f"{s.cfg.islands} island{'s' * (s.cfg.islands != 1)}, run directory {s.rd.path}")
+            why = search.run()
+        finally:
+            s.close()
+    except KeyboardInterrupt:
+        _stop_on_signal(stop, search, s.rd)
+    except replay.ReplayMismatch as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return EXIT_REPLAY_MISMATCH
+    return _close(search, why, s)
+
+
+def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.StopRequest,
+                        log: startup.RunLog) -> int:
+    """_main, with every problem before the search as one line (exit 2) and a finished run's note (exit 0)."""
     try:
         return _main(cfg, cli.given_options(argv), stop, log)
-    except (SetupError, cli.UsageError, rundir_mod.RunDirError, llm_check.ProbeFailed) as e:
+    except startup.Finished as e:
+        print(f"run.py: {e}")
+        return 0
+    except (startup.SetupError, cli.UsageError, RunDirError, replay.ReplayError, llm_check.ProbeFailed) as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
     except models.BudgetReached as e:   # the probes before the run do not fit in --budget-usd
@@ -717,118 +740,28 @@ def _main_with_messages(cfg: Config, argv: list[str] | None, stop: stopping.Stop
         return stop.exit_code
 
 
-def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None,
-          log: RunLog | None = None) -> int:
-    """Set up (task, device, LLM, cluster, run directory), measure s_0, run the islands, report."""
-    stop = stop or stopping.StopRequest()
-    if cfg.report:
-        if not Path(cfg.report, "events.jsonl").exists() and not Path(cfg.report, "checkpoint.json").exists():
-            raise SetupError(f"--report {cfg.report}: not a run directory (no events.jsonl or checkpoint.json)")
-        print(report_html.write(Path(cfg.report)))
-        return 0
-    say = (lambda line: None) if cfg.quiet else print
-    recording = None
-    if cfg.resume:
-        rd = rundir_mod.RunDir.open(Path(cfg.resume))
-        config = rd.read_config()
-        cfg, changes = cli.resume_config(config["config"], cfg, given)
-        if cfg.replay:
-            raise SetupError(f"--resume {rd.path}: a replay cannot be resumed; run --replay {cfg.replay} again")
-        task, note = rd.saved_task(config)
-        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
-        finished = nothing_to_add(state, cfg, rd.path)
-        if finished:   # nothing measured, probed or written
-            print(f"run.py: {finished}")
-            return 0
-        if note:
-            print(f"run.py: note: {note}", file=sys.stderr)
-    elif cfg.replay:   # the recording's task and options; its LLM replies, s_0, device facts and results
-        recording = replay_mod.Recording.open(Path(cfg.replay))
-        cfg = recording.config(cfg, given)
-        task, changes, state, config = recording.task, {}, None, None
-        rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
-    else:
-        task, changes, state, config = cli.load_task(cfg.task), {}, None, None
-        # before anything slow: an existing run stays untouched, an unusable place is named
-        rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
-    device = cfg.device or task.device
-    check_device(device, task)
-    book = transcript.Transcript()
-    llm_main, llm_cheap = recording.clients() if recording else make_clients(cfg)
-    spend = getattr(llm_main, "spend", None)   # models.Spend: prices, the ledger, --budget-usd
-    if spend is not None and cfg.resume:       # the dollars of earlier sessions count against the cap
-        spend.restore(rd.read_spend())
-        if spend.stop_reason():   # nothing probed, measured or written
-            print(f"run.py: {rd.path}: {spend.stop_reason()}; nothing was changed ({_go_on(rd.path, spend)})")
-            return 0
-    if spend is not None and spend.note:
-        say(spend.note)
-    for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
-        for one in client.each() if client is not None and not recording else []:   # every model answers
-            llm_check.probe(book.recorder(one, role=role, stage="setup", purpose="probe"), role, one.origin)
-    owns_ray = connect_ray(cfg, device, log) if cfg.ray else False   # before the directory and s_0
-    stop.install()   # ray.init replaces the SIGTERM handler with one that exits at once
-    if cfg.resume:
-        rd = rundir_mod.RunDir(rd.path, Path(cfg.eval_cache) if cfg.eval_cache else None)
-        rd.remove_leftovers()
-        record_resume(rd, config, cfg, changes, state)
-    else:
-        rd = new_run_dir(cfg, task, device)
-    if spend is not None:
-        spend.attach(rd.save_spend)
-    if log is not None:
-        log.attach(rd)
-    # From here on the run directory exists: Ctrl-C or SIGTERM leaves it resumable.
-    search = None
-    try:
-        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd, owns_ray), rd, task,
-                                                cfg, device, say)
-        if recording:   # the search sees the recording's s_0 and results; this machine's go beside them
-            evaluator = recording.evaluator(evaluator, lambda line: print(f"run.py: {line}", file=sys.stderr))
-            say(f"replaying {recording.path}: s_0 {recording.s0:.4g} ms as recorded (measured here: "
-                f"{measured:.4g} ms); every LLM reply from its transcript")
-        try:   # a resumed run keeps its s_0; a replay takes the recording's
-            baseline = state["baseline_ms"] if state else recording.s0 if recording else measured
-            search = Search(cfg, task, evaluator, llm_main, llm_cheap, rd, baseline, device, book=book,
-                            facts=recording.facts if recording else None, stop=stop)
-            if state:
-                search.restore(state)
-                say(f"resuming {rd.path} at round {search.round}")
-            else:
-                search.checkpoint()   # round 0: resumable from the first moment
-                say(f"pacevolve: {task.name} on {_hardware_name(device)}, reference {baseline:.4g} ms, "
-                    f"{cfg.islands} island{'s' * (cfg.islands != 1)}, run directory {rd.path}")
-            why = search.run()
-        finally:
-            evaluator.close()
-            rd.remove_leftovers()
-    except KeyboardInterrupt:
-        _stop_on_signal(stop, search, rd)
-    except SetupError as e:
-        raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
-                         f"continue with --resume {rd.path})") from None
-    except replay_mod.ReplayMismatch as e:
-        print(f"run.py: {e}", file=sys.stderr)
-        return EXIT_REPLAY_MISMATCH
-    report = write_report(search, why)
-    write_html_report(rd.path)
+def _close(search: Search, why: str, s: startup.Start) -> int:
+    """The end of a run: report.md and report.html, the last lines, the exit code."""
+    report = report_md.write_report(search, why)
+    write_html_report(s.rd.path)
     cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evaluator_error else ""
     gb = search.global_best
-    done, fix = console.final_lines(why, cause, gb, search.s0, rd.path, report,
+    done, fix = console.final_lines(why, cause, gb, search.s0, s.rd.path, report,
                                     shown=search._metric_text(gb["program"]) if gb else None)
     print(done)
     if why.startswith("dollar budget reached"):
-        print(f"run.py: {_go_on(rd.path, search.spend)}")
-    if recording:
+        print(f"run.py: {startup.go_on(s.rd.path, search.spend)}")
+    if s.recording:
         print(f"replay: {search.evaluator.replay_summary()}")
     if fix:
         print(fix, file=sys.stderr)
     return {"llm": EXIT_LLM_FAILURES, "evaluator": EXIT_EVALUATOR_FAILED}.get(cause, 0)
 
 
-def _go_on(path: Path, spend: models.Spend) -> str:
-    need = spend.total + spend.forecast()
-    return f"to go on: python run.py --resume {path} --budget-usd X, with X above {models.usd(need)}"
+def _run_dir_to_draw(path: str) -> Path:
+    if not Path(path, "events.jsonl").exists() and not Path(path, "checkpoint.json").exists():
+        raise startup.SetupError(f"--report {path}: not a run directory (no events.jsonl or checkpoint.json)")
+    return Path(path)
 
 
 def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir):
@@ -836,7 +769,7 @@ def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDi
     islands may still be finishing their round in worker threads), one line, exit 130 or 143."""
     def reports():
         if search is not None:
-            write_report(search, stop.what)
+            report_md.write_report(search, stop.what)
             write_html_report(rd.path)
         rd.remove_leftovers()
     stopping.exit_after(stop, reports, f"continue with: python run.py --resume {rd.path}")

@@ -30,20 +30,19 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-import llm
 from driver import rundir as rundir_mod
 from driver import transcript
 from driver.cli import Config, _flag
 from hcm_prompts import prompt_kind
 from hcm_state import program_id
-from driver.startup import SetupError
+import llm
 
 # What a replay may be given besides --replay; everything else is the recording's.
 OPTIONS = ("replay", "out", "quiet", "reference_limit")
 
 
-class ReplayError(SetupError):
-    """A directory that cannot be replayed; the message says why, in one line."""
+class ReplayError(Exception):
+    """A directory that cannot be replayed; the message says why, in one line (a set-up error: exit 2)."""
 
 
 class ReplayMismatch(BaseException):

@@ -1,14 +1,18 @@
-"""Setting a run up: the device, the LLM clients, the evaluator, the reference's runtime s_0, a resume's record.
+"""Setting a run up: everything the search needs, resolved once, in one object.
 
-    check_device(device, task)          # a missing GPU, with a hint that fits the task
-    main, cheap = make_clients(cfg)     # models.Role over llm.Client for --model (a,b...) and --secondary-model
-    started = connect_ray(cfg, device, log)   # --ray: the cluster reached and big enough, before anything slow
-    evaluator = make_evaluator(cfg, task, device, rd)   # worker logs in the run directory
-    s0 = measure_reference(evaluator, rd, task, cfg, device, say)   # within --reference-limit seconds
-    nothing_to_add(state, cfg, path)    # a resumed run that is already finished says so
-    log = RunLog(); log.attach(rd)      # third-party warnings go to logs/run.log, not the console
+    s = start(cfg, given, stop, log, say)   # Start: task, device, clients, run directory, evaluator, s_0
 
-Each problem a user can fix raises SetupError with one line saying what and how.
+In order: which run this is (new, resumed from its directory, or a replay of a recording) and its task;
+the device (--device, else the task's) and whether it is there; the LLM clients (models.Role over
+llm.Client for --model a,b... and --secondary-model, or a replay's recorded replies) and one probe call per
+model; the dollars earlier sessions spent; the Ray cluster (--ray), checked before anything slow; the run
+directory (made, or reopened with the resume recorded); then the evaluator, which brings the reference up
+on the device and measures s_0 within --reference-limit seconds. A resumed run keeps its s_0, a replay
+takes the recording's.
+
+Each problem a user can fix raises SetupError with one line saying what and how; a resumed run with
+nothing left to do raises Finished with the line that says so. Until the run directory exists nothing is
+written; from then on Ctrl-C or SIGTERM leaves it resumable.
 """
 from __future__ import annotations
 
@@ -21,18 +25,131 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import llm
-from driver import llm_check
-from driver import models
+from driver import llm_check, models, replay, stopping, transcript
 from driver import rundir as rundir_mod
+from driver.cli import Config, load_task, resume_config
+import llm
 import tasks
-from driver.cli import Config
+
+
+@dataclass
+class Start:
+    """What start() resolved: the search is built from this and nothing else."""
+    cfg: Config                       # the options (a resume's: the saved ones, with what it may change)
+    task: tasks.Task
+    device: str                       # "cuda" or "cpu": --device, else the task's
+    rd: rundir_mod.RunDir             # made, or reopened for a resume
+    evaluator: object                 # evaluate_kernel.Evaluator, ray_evaluator.RayEvaluator or a replay's
+    s0: float                         # the reference's runtime in ms
+    llm_main: object                  # models.Role (or a replay's recorded replies)
+    llm_cheap: object | None          # the secondary model's, None when there is none
+    book: transcript.Transcript       # the transcript, holding the probes' records
+    state: dict | None = None         # a resume's checkpoint
+    recording: replay.Recording | None = None
+    facts: dict | None = None         # the recording's device facts (else the search reads the device)
+
+    def close(self) -> None:
+        """The evaluator's workers stopped, the run directory's temporary files removed."""
+        try:
+            self.evaluator.close()
+        finally:
+            self.rd.remove_leftovers()
 
 
 class SetupError(Exception):
     """Something the user must provide or fix before a run can start; the message says what and how."""
+
+
+class Finished(Exception):
+    """A resumed run with nothing left to do; the message says so and how to go on (nothing was changed)."""
+
+
+def start(cfg: Config, given: set[str], stop: stopping.StopRequest, log: RunLog | None = None,
+          say=print) -> Start:
+    """Resolves the run (module docstring); `given` are the options typed (what a resume may change)."""
+    cfg, task, rd, config, state, recording, changes = _which_run(cfg, given)
+    device = cfg.device or task.device
+    check_device(device, task)
+    book = transcript.Transcript()
+    llm_main, llm_cheap = recording.clients() if recording else make_clients(cfg)
+    spend = getattr(llm_main, "spend", None)   # models.Spend: prices, the ledger, --budget-usd
+    if spend is not None and cfg.resume:       # the dollars of earlier sessions count against the cap
+        spend.restore(rd.read_spend())
+        if spend.stop_reason():   # nothing probed, measured or written
+            raise Finished(f"{rd.path}: {spend.stop_reason()}; nothing was changed ({go_on(rd.path, spend)})")
+    if spend is not None and spend.note:
+        say(spend.note)
+    for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
+        for one in client.each() if client is not None and not recording else []:   # every model answers
+            llm_check.probe(book.recorder(one, role=role, stage="setup", purpose="probe"), role, one.origin)
+    owns_ray = connect_ray(cfg, device, log) if cfg.ray else False   # before the directory and s_0
+    stop.install()   # ray.init replaces the SIGTERM handler with one that exits at once
+    if cfg.resume:
+        rd = rundir_mod.RunDir(rd.path, Path(cfg.eval_cache) if cfg.eval_cache else None)
+        rd.remove_leftovers()
+        record_resume(rd, config, cfg, changes, state)
+    else:
+        rd = new_run_dir(cfg, task, device)
+    if spend is not None:
+        spend.attach(rd.save_spend)
+    if log is not None:
+        log.attach(rd)
+    # From here on the run directory exists: Ctrl-C or SIGTERM leaves it resumable.
+    try:
+        evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd, owns_ray), rd, task,
+                                                cfg, device, say)
+    except KeyboardInterrupt:
+        stopping.exit_after(stop, rd.remove_leftovers, f"continue with: python run.py --resume {rd.path}")
+    except SetupError as e:
+        raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
+                         f"continue with --resume {rd.path})") from None
+    if recording:   # the search sees the recording's s_0 and results; this machine's go beside them
+        evaluator = recording.evaluator(evaluator, lambda line: print(f"run.py: {line}", file=sys.stderr))
+        say(f"replaying {recording.path}: s_0 {recording.s0:.4g} ms as recorded (measured here: "
+            f"{measured:.4g} ms); every LLM reply from its transcript")
+    s0 = state["baseline_ms"] if state else recording.s0 if recording else measured
+    return Start(cfg, task, device, rd, evaluator, s0, llm_main, llm_cheap, book, state, recording,
+                 recording.facts if recording else None)
+
+
+def go_on(path: Path, spend: models.Spend) -> str:
+    """How to go on after the dollar budget ran out: the budget the next round needs."""
+    need = spend.total + spend.forecast()
+    return f"to go on: python run.py --resume {path} --budget-usd X, with X above {models.usd(need)}"
+
+
+# ----------------------------------------------------------------------------- the steps, in start()'s order
+
+def _which_run(cfg: Config, given: set[str]):
+    """A new run, a resumed one (its saved options, task and checkpoint) or a replay (the recording's task
+    and options); a new run's directory is checked before anything slow, and an existing one stays untouched.
+    Returns cfg, task, rd (a resume's, else None), config, state, recording, changes."""
+    if cfg.resume:
+        rd = rundir_mod.RunDir.open(Path(cfg.resume))
+        config = rd.read_config()
+        cfg, changes = resume_config(config["config"], cfg, given)
+        if cfg.replay:
+            raise SetupError(f"--resume {rd.path}: a replay cannot be resumed; run --replay {cfg.replay} again")
+        task, note = rd.saved_task(config)
+        state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
+        finished = nothing_to_add(state, cfg, rd.path)
+        if finished:   # nothing measured, probed or written
+            raise Finished(finished)
+        if note:
+            print(f"run.py: note: {note}", file=sys.stderr)
+        return cfg, task, rd, config, state, None, changes
+    recording = None
+    if cfg.replay:   # the recording's task and options; its LLM replies, s_0, device facts and results
+        recording = replay.Recording.open(Path(cfg.replay))
+        cfg = recording.config(cfg, given)
+        task = recording.task
+    else:
+        task = load_task(cfg.task)
+    rundir_mod.RunDir.check_new(Path(cfg.out) if cfg.out else rundir_mod.default_path(task.name))
+    return cfg, task, None, None, None, recording, {}
 
 
 def new_run_dir(cfg: Config, task: tasks.Task, device: str) -> rundir_mod.RunDir:

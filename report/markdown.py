@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from report import chart as report_chart
-from report import cost as report_cost
 from driver import transcript
 from driver.rundir import hardware_name, write_atomic
+from report import chart as report_chart
+from report import cost as report_cost
 
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = {"backtrack": "v", "crossover": "*"}

@@ -1,4 +1,5 @@
-"""LLM calls and prompt characters per evaluated candidate of a scripted search (no GPU, no LLM, about a minute).
+"""LLM calls and prompt characters per evaluated candidate of a scripted search (no GPU, no LLM, about a minute;
+BENCHMARKS.md, "HCM: LLM calls and prompt characters per evaluated candidate", and docs/hcm.md).
 
 Runs run.Search in-process: two islands of conv_groupnorm_small, the rule-based fake LLM (tests/fake_llm.py)
 as both the main and the secondary model (two instances, so they are counted apart), and an instant fake
@@ -130,6 +131,7 @@ def measure_one(generations: int, seed: int, slips: float = 0.0, noise: float | 
     main_llm = Counting(RuleBasedLLM(programs, seed=seed, variants=True))
     cheap_llm = Counting(RuleBasedLLM(programs, seed=seed, variants=True))
     main_llm.name, cheap_llm.name = "main", "secondary"
+    # run.Config and run.RunDir, not their homes in driver/: --repo may name a checkout from before driver/
     cfg = run.Config(task="conv_groupnorm_small", islands=2, generations=generations, seed=seed, freeze=2,
                      eps_rel=0.9, k_idea=4, k_hyp=2, quiet=True)
     with tempfile.TemporaryDirectory() as tmp:

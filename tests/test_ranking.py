@@ -9,8 +9,9 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from driver import cli, ranking, rundir
 import hcm
-from driver import ranking
+from report import markdown
 import run
 import tasks
 from fake_llm import RuleBasedLLM
@@ -218,9 +219,9 @@ def source(tag: str) -> str:
 
 
 def scripted_search(tmp_path, measurements, noise, islands=1):
-    cfg = run.Config(task="conv_groupnorm_small", islands=islands, generations=0, seed=0, quiet=True)
+    cfg = cli.Config(task="conv_groupnorm_small", islands=islands, generations=0, seed=0, quiet=True)
     search = run.Search(cfg, tasks.get("conv_groupnorm_small"), ScriptedEvaluator(measurements, noise),
-                        RuleBasedLLM([source("a")]), None, run.RunDir(tmp_path / "run"), baseline_ms=10.0,
+                        RuleBasedLLM([source("a")]), None, rundir.RunDir(tmp_path / "run"), baseline_ms=10.0,
                         device="cpu")
     return search
 
@@ -326,7 +327,7 @@ def test_report_md_shows_measurements_head_to_heads_and_unparseable_replies(tmp_
     for tag in ("inc", "lucky", "clear"):
         offer(search, 0, tag)
     search.unusable.update({"implementation": 2, "classification": 1})
-    text = run.write_report(search, "all generations done", 1.0).read_text()
+    text = markdown.write_report(search, "all generations done", 1.0).read_text()
     assert "**best: 3.00x ±20% (3.333 ms vs reference 10 ms beside it)**" in text
     assert "head-to-heads: 1 (the challenger took the title in 0, the incumbent kept it in 1), 4 evaluations" in text
     assert "LLM replies that could not be parsed: 3 (classification 1, implementation 2)" in text
@@ -403,9 +404,9 @@ def test_on_a_shared_cpu_the_run_best_is_the_fastest_of_three_honest_candidates(
             times[work] = min(timeit.repeat(lambda: model(*inputs), number=3, repeat=5))
     fastest = min(times, key=times.get)
     assert fastest == 1, times
-    cfg = run.Config(task=task.name, islands=1, generations=0, seed=0, quiet=True)
+    cfg = cli.Config(task=task.name, islands=1, generations=0, seed=0, quiet=True)
     with evaluate_kernel.Evaluator.for_task(task, device="cpu", cache_dir=str(tmp_path / "cache")) as ev:
-        search = run.Search(cfg, task, ev, RuleBasedLLM([programs[1]]), None, run.RunDir(tmp_path / "run"),
+        search = run.Search(cfg, task, ev, RuleBasedLLM([programs[1]]), None, rundir.RunDir(tmp_path / "run"),
                             baseline_ms=ev.baseline_ms(), device="cpu")
         ids = {}
         for work, src in programs.items():

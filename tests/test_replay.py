@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from driver import replay, startup, transcript
 import hcm
-from driver import replay
 import run
-from driver import transcript
 from fake_llm import RuleBasedLLM
 from test_search import PROGRAMS
 from test_transcript import InstantEvaluator, record, run_main
@@ -109,7 +108,7 @@ def test_a_different_verdict_is_said_and_counted(recording, tmp_path, monkeypatc
                 result.status, result.runtime_ms = "ok", 5.0
             return result
 
-    monkeypatch.setattr(run, "make_evaluator", lambda *a, **k: Fixed())
+    monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: Fixed())
     assert run.main(["--replay", str(recording), "--out", str(tmp_path / "r"), "--quiet"]) == 0
     said = capsys.readouterr()
     n = len(verdicts(recording))
@@ -178,7 +177,7 @@ class RecordedVerdicts(InstantEvaluator):
 def test_the_shipped_example_replays_with_todays_prompts(tmp_path, monkeypatch, capsys):
     """The README's first command. If this fails after a change to the prompts, re-record the example:
     python scripts/record_example.py"""
-    monkeypatch.setattr(run, "make_evaluator", lambda *a, **k: RecordedVerdicts())
+    monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: RecordedVerdicts())
     out = tmp_path / "example"
     rc = run.main(["--replay", str(EXAMPLE), "--out", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err

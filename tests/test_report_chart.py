@@ -9,9 +9,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from report import markdown
 from report import chart as report_chart
 from report import data as report_data
+from report import markdown
 from test_report_html import make_run
 
 

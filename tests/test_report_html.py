@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from driver import transcript
 from report import data as report_data
 from report import html as report_html
-from driver import transcript
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 

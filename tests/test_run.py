@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from driver import cli
 import run
 from fake_llm import RuleBasedLLM
 from test_report_html import check_page
@@ -288,8 +289,8 @@ def test_missing_gpu_is_explained(tmp_path):
 
 
 def test_unknown_task_is_explained():
-    with pytest.raises(run.cli.UsageError, match="no task of that name"):
-        run.load_task("no_such_task")
+    with pytest.raises(cli.UsageError, match="no task of that name"):
+        cli.load_task("no_such_task")
 
 
 def test_help_explains_every_option():

@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from driver import cli
+from driver import cli, llm_check, rundir, startup
 import llm
-from driver import llm_check
 from report import markdown
 import run
-from driver import rundir
 import tasks
 from http_fixtures import ScriptedServer
 
@@ -233,7 +231,7 @@ def _saved_run(tmp_path, task_path: Path | None = None) -> Path:
     task = tasks.load(str(task_path)) if task_path else tasks.get("conv_groupnorm_small")
     cfg = cli.Config(task=str(task_path) if task_path else task.name, islands=2, base_url=_dead_url(),
                      model="m", out=str(tmp_path / "run"))
-    run.new_run_dir(cfg, task, "cpu")
+    startup.new_run_dir(cfg, task, "cpu")
     return tmp_path / "run"
 
 
@@ -292,12 +290,12 @@ def test_missing_gpu_hint_fits_the_task():
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(run.SetupError) as e:
-        run.check_device("cuda", tasks.get("conv_groupnorm"))
+    with pytest.raises(startup.SetupError) as e:
+        startup.check_device("cuda", tasks.get("conv_groupnorm"))
     assert "--task conv_groupnorm_small" in str(e.value) and "--device cpu" not in str(e.value)
     small_on_gpu = tasks.Task("my_problem", "", "", device="cuda", source="my_problem.py")
-    with pytest.raises(run.SetupError) as e:
-        run.check_device("cuda", small_on_gpu)
+    with pytest.raises(startup.SetupError) as e:
+        startup.check_device("cuda", small_on_gpu)
     assert "--device cpu" in str(e.value)
 
 
@@ -370,8 +368,8 @@ def test_tolerances_logs_and_the_problem_folder_reach_the_evaluator(tmp_path, mo
     problem.write_text(tasks.get("conv_groupnorm_small").reference_src)
     cfg = cli.parse_args(["--task", str(problem), "--rtol", "1e-3", "--l2-tol", "2e-4", "--out", str(tmp_path / "r")])
     task = cli.load_task(cfg.task)
-    rd = run.new_run_dir(cfg, task, "cpu")
-    assert run.make_evaluator(cfg, task, "cpu", rd) == "evaluator"
+    rd = startup.new_run_dir(cfg, task, "cpu")
+    assert startup.make_evaluator(cfg, task, "cpu", rd) == "evaluator"
     assert seen["rtol"] == 1e-3 and seen["l2_tol"] == 2e-4 and "atol" not in seen   # atol: the task's
     assert seen["log_dir"] == str(rd.path / "logs") and seen["import_dirs"] == [str(problem.parent)]
     saved = json.loads((rd.path / "config.json").read_text())["config"]

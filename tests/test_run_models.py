@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from driver import prompt_background
+from driver import prompt_background, startup
 import run
 from fake_evaluator import Result
 from fake_llm import OpenAIServer, RuleBasedLLM
@@ -56,7 +56,7 @@ class Evaluator:
 
 @pytest.fixture
 def fake_run(monkeypatch):
-    monkeypatch.setattr(run, "make_evaluator", lambda *a, **kw: Evaluator())
+    monkeypatch.setattr(startup, "make_evaluator", lambda *a, **kw: Evaluator())
     monkeypatch.setattr(prompt_background, "device_facts", lambda ev, device: {"kind": "cpu", "cpu": "fake", "threads": 1})
     for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PACEVOLVE_MODEL"):
         monkeypatch.delenv(k, raising=False)

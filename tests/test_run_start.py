@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from driver import cli
+from driver import cli, llm_check
 import llm
-from driver import llm_check
 
 ROOT = Path(__file__).resolve().parent.parent
 

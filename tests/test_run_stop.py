@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from driver import prompt_background
+from driver import cli, prompt_background, rundir, startup
 import llm
 import run
-from driver import rundir
 from fake_evaluator import FakeEvaluator
 from fake_llm import RuleBasedLLM
 from test_run import PROGRAMS, _comparable, _serve
@@ -69,7 +68,7 @@ def _child(argv: list[str], moment: Moment | None) -> int:
     """In the forked process: run.main with the fake evaluator and the moment's trigger."""
     trigger = _Trigger(moment)
     evaluator = FakeEvaluator(hooks=trigger.hit)
-    run.make_evaluator = lambda *args, **kw: evaluator
+    startup.make_evaluator = lambda *args, **kw: evaluator
     prompt_background.device_facts = lambda ev, device: {"kind": "cpu", "cpu": "fake CPU", "threads": 1}
     chat, save = llm.Client.chat, rundir.RunDir.save_checkpoint
 
@@ -276,9 +275,9 @@ def test_nonfinite_scores_are_never_a_best_nor_enter_momentum(bad, tmp_path):
             self.calls += 1
             return Result("ok", baseline_ms=1.0, message="ok", **bad)
 
-    cfg = run.Config(task="conv_groupnorm_small", islands=2, generations=3, seed=1, freeze=1, eps_rel=0.9,
+    cfg = cli.Config(task="conv_groupnorm_small", islands=2, generations=3, seed=1, freeze=1, eps_rel=0.9,
                      quiet=True)
-    rd = run.RunDir(tmp_path / "run")
+    rd = rundir.RunDir(tmp_path / "run")
     search = run.Search(cfg, tasks.get("conv_groupnorm_small"), Evaluator(), RuleBasedLLM(PROGRAMS, variants=True),
                         None, rd, baseline_ms=2.0, device="cpu")
     assert search.run() == "all generations done"
@@ -316,7 +315,7 @@ def test_llm_failures_stop_with_one_stopped_line_and_exit_3(warm, tmp_path):
 
 
 def test_leftovers_of_a_stopped_write_and_empty_worker_logs_are_removed(tmp_path):
-    rd = run.RunDir(tmp_path / "run")
+    rd = rundir.RunDir(tmp_path / "run")
     (rd.path / "checkpoint.json.123.456.tmp").write_text("{")
     (rd.candidates / "abc.py.1.2.tmp").write_text("x")
     rd.logs.mkdir()
@@ -435,8 +434,8 @@ def test_an_evaluator_that_raises_gives_no_verdict_and_stops_the_run_after_its_r
         def evaluate(self, src):
             raise RuntimeError("EvaluatorError: the runner could not start (no space left on device)")
 
-    cfg = run.Config(task="conv_groupnorm_small", islands=2, generations=5, seed=1, quiet=True)
-    rd = run.RunDir(tmp_path / "run")
+    cfg = cli.Config(task="conv_groupnorm_small", islands=2, generations=5, seed=1, quiet=True)
+    rd = rundir.RunDir(tmp_path / "run")
     search = run.Search(cfg, tasks.get("conv_groupnorm_small"), Broken(), RuleBasedLLM(PROGRAMS, variants=True),
                         None, rd, baseline_ms=2.0, device="cpu")
     why = search.run()

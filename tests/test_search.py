@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from driver import cli, rundir
 import hcm
+import momentum
+from report import markdown
 import run
 import tasks
 from fake_llm import RuleBasedLLM
@@ -59,11 +62,11 @@ class CountingLLM:
 
 
 def make_search(tmp_path, islands=2, seed=0, **overrides):
-    cfg = run.Config(task="conv_groupnorm_small", islands=islands, generations=0, seed=seed,
+    cfg = cli.Config(task="conv_groupnorm_small", islands=islands, generations=0, seed=seed,
                      freeze=2, eps_rel=0.9, quiet=True, **overrides)
     llm = CountingLLM(RuleBasedLLM(PROGRAMS, seed=seed, variants=True))
-    rundir = run.RunDir(tmp_path / f"run{seed}")
-    search = run.Search(cfg, tasks.get("conv_groupnorm_small"), FakeEvaluator(), llm, None, rundir,
+    rd = rundir.RunDir(tmp_path / f"run{seed}")
+    search = run.Search(cfg, tasks.get("conv_groupnorm_small"), FakeEvaluator(), llm, None, rd,
                         baseline_ms=20.0, device="cpu")
     return search
 
@@ -116,14 +119,14 @@ def test_invariants_hold_round_after_round(tmp_path):
 def test_backtrack_restores_an_earlier_snapshot(tmp_path):
     search = make_search(tmp_path, islands=1, seed=2)   # no partner: backtrack is the only action
     restored = []
-    original = run.momentum.power_law_index
+    original = momentum.power_law_index
 
     def spy(n, alpha, rng):
         k = original(n, alpha, rng)
         restored.append((k, search.islands[0].snapshots[k]))
         return k
 
-    run.momentum.power_law_index = spy
+    momentum.power_law_index = spy
     seen = [0]
 
     def check():
@@ -141,7 +144,7 @@ def test_backtrack_restores_an_earlier_snapshot(tmp_path):
     try:
         advance(search, 8, check)
     finally:
-        run.momentum.power_law_index = original
+        momentum.power_law_index = original
     assert restored, "no backtrack happened"
 
 
@@ -150,10 +153,10 @@ def test_crossover_takes_the_partner_program_and_ideas(tmp_path):
     advance(search, 1)
     lagging, leader = search.islands
     leader.best = run.Program(search.rundir.save_program(PROGRAMS[0]), 2.0)   # A = 0.9
-    leader.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    leader.momentum = momentum.Momentum(20.0, 0.0, threshold=0.9)
     leader.momentum.update(2.0)
     lagging.best, lagging.elites = None, []
-    lagging.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    lagging.momentum = momentum.Momentum(20.0, 0.0, threshold=0.9)
     lagging.momentum.update(None)                                            # stagnant
     lagging.since_action = 5
     leader_ideas = {i.description for i in leader.pool.ideas}
@@ -241,7 +244,7 @@ def test_a_broken_evaluator_stops_the_run_after_its_round(tmp_path):
 def test_report_is_written(tmp_path):
     search = make_search(tmp_path, islands=2, seed=10)
     advance(search, 5)
-    path = run.write_report(search, "all generations done", 12.0)
+    path = markdown.write_report(search, "all generations done", 12.0)
     text = path.read_text()
     assert "Island 0" in text and "Island 1" in text and "| generation |" in text
     assert (search.rundir.path / "best.py").read_text().startswith("# pacevolve best")
@@ -261,7 +264,7 @@ def test_unparseable_replies_are_counted_per_kind_in_events_state_and_report(tmp
     per_event += sum((collections.Counter(hcm.count_unusable(a.get("pruned") or [])) for a in events(search, "action")),
                      collections.Counter())   # a crossover's prune call counts too
     assert per_event and search.unusable == per_event and search.state()["unusable"] == dict(per_event)
-    text = run.write_report(search, "all generations done", 1.0).read_text()
+    text = markdown.write_report(search, "all generations done", 1.0).read_text()
     assert f"LLM replies that could not be parsed: {sum(per_event.values())} (" in text
 
 
@@ -322,7 +325,7 @@ def test_crossover_brings_every_partner_record(tmp_path):
     search = make_search(tmp_path, islands=2, seed=14)
     advance(search, 3)
     lagging, leader = search.islands
-    lagging.momentum = run.momentum.Momentum(20.0, 0.0, threshold=0.9)
+    lagging.momentum = momentum.Momentum(20.0, 0.0, threshold=0.9)
     lagging.momentum.update(None)
     lagging.since_action = 5
     leader.best = run.Program(search.rundir.save_program(PROGRAMS[0]), 1.0)
@@ -354,9 +357,9 @@ def test_prompts_are_written_for_the_device_and_number_islands_from_zero(tmp_pat
                     "total_mem": 85_000_000_000, "l2_bytes": 50 * 2**20, "mem_bw_bytes_per_s": 3.0e12}
 
     llm = RecordingLLM(RuleBasedLLM(PROGRAMS, seed=15, variants=True))
-    cfg = run.Config(task="conv_groupnorm_small", islands=1, generations=1, seed=15, quiet=True)
+    cfg = cli.Config(task="conv_groupnorm_small", islands=1, generations=1, seed=15, quiet=True)
     gpu = run.Search(cfg, tasks.get("conv_groupnorm_small"), GpuEvaluator(), llm, None,
-                     run.RunDir(tmp_path / "gpu"), baseline_ms=20.0, device="cuda")
+                     rundir.RunDir(tmp_path / "gpu"), baseline_ms=20.0, device="cuda")
     gpu.run()
     code_prompts = [p for p in llm.prompts if hcm.prompt_kind(p) == "implementation"]
     assert code_prompts

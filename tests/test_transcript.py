@@ -12,11 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from driver import llm_check, startup, transcript
 import hcm
 import llm
-from driver import llm_check
 import run
-from driver import transcript
 from fake_llm import OpenAIServer, RuleBasedLLM
 from http_fixtures import ScriptedServer
 from test_search import PROGRAMS, FakeEvaluator
@@ -35,7 +34,7 @@ class InstantEvaluator(FakeEvaluator):
 
 
 def run_main(monkeypatch, argv: list[str]) -> int:
-    monkeypatch.setattr(run, "make_evaluator", lambda *a, **k: InstantEvaluator())
+    monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: InstantEvaluator())
     return run.main(argv)
 
 
@@ -230,3 +229,4 @@ def test_report_md_and_html_show_the_exchanges_of_a_real_search(recorded):
     kinds = Counter(c["purpose"] for c in reading.calls)
     for purpose, n in kinds.items():
         assert f"| {purpose} | {n} | 0 | " in report
+
