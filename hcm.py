@@ -47,18 +47,16 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from hcm_parsers import (Choice, Classification, Selection, code_problem, extract_code, parse_choice,  # noqa: F401
-                         parse_classification, parse_classifications, parse_drop_list,
-                         parse_duplicate_verdict, parse_ideas, parse_implemented, parse_selection,
-                         parse_summary)
-from hcm_prompts import (CLASSIFY_PROMPT, DUPLICATE_NOTE, DUPLICATE_PROMPT, IDEA_GEN_PROMPT,  # noqa: F401
-                         IMPLEMENT_PROMPT, MARKER, PRUNE_PROMPT, REMINDER, REPAIR_PROMPT, SELECT_PROMPT,
+from hcm_parsers import (Choice, Selection, code_problem, extract_code, parse_choice, parse_classifications,
+                         parse_drop_list, parse_duplicate_verdict, parse_ideas, parse_implemented,
+                         parse_selection, parse_summary)
+from hcm_prompts import (CLASSIFY_PROMPT, DUPLICATE_NOTE, DUPLICATE_PROMPT, IDEA_GEN_PROMPT,
+                         IMPLEMENT_PROMPT, PRUNE_PROMPT, REMINDER, REPAIR_PROMPT, SELECT_PROMPT,
                          SUMMARY_PROMPT, code_block, drop_example, legend_line, locate, plural, prompt_kind,
                          render_dropped, render_idea_records, render_log_entries, render_pool, render_record,
                          shows_results)
-from hcm_state import (STATE_VERSION, GlobalLog, Hypothesis, Idea, IdeaPool, LogEntry, Outcome,  # noqa: F401
-                       clip, merge_descriptions, merge_pools, normalise_program, program_hash, program_id,
-                       record)
+from hcm_state import (GlobalLog, Hypothesis, Idea, IdeaPool, Outcome, clip, merge_descriptions, merge_pools,
+                       program_hash, program_id, record)
 
 LLM = Callable[[str], str]
 

@@ -16,6 +16,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import hcm
+import hcm_parsers
+import hcm_state
 from fake_llm import RuleBasedLLM, ScriptedLLM, ScriptExhausted
 
 TASK = hcm.TaskContext("toy_scale", "BACKGROUND-MARKER: scale a tensor on a GPU.")
@@ -776,14 +778,14 @@ def test_parse_ideas_messy_markdown():
     ("Idea Exists: False\nIdea Description: A\r\nReasoning: b", (False, None, "A")),
 ])
 def test_parse_classification_variants(text, expected):
-    c = hcm.parse_classification(text)
+    c = hcm_parsers.parse_classification(text)
     assert (c.exists, c.idea_id, c.description) == expected
 
 
 @pytest.mark.parametrize("text", ["Idea Exists: True\nUpdated description: no id", "Idea Exists: False",
                                   "I think it is similar to the first idea.", ""])
 def test_parse_classification_rejects_non_answers(text):
-    assert hcm.parse_classification(text) is None
+    assert hcm_parsers.parse_classification(text) is None
 
 
 @pytest.mark.parametrize("text, idea_id, experiment", [
@@ -856,7 +858,7 @@ def test_whole_state_json_round_trip_after_real_generations():
                            config=hcm.HCMConfig(k_idea=3, k_hyp=1))
     assert log.pruned and log.tried and any(i.summary for i in pool.ideas + log.pruned)
     state = json.loads(json.dumps({"pool": pool.to_dict(), "log": log.to_dict()}))
-    assert state["pool"]["version"] == hcm.STATE_VERSION
+    assert state["pool"]["version"] == hcm_state.STATE_VERSION
     assert hcm.IdeaPool.from_dict(state["pool"]) == pool and hcm.GlobalLog.from_dict(state["log"]) == log
 
 
@@ -872,7 +874,7 @@ idea_st = st.builds(hcm.Idea, st.integers(1, 10**6), st.text(max_size=30), st.li
        st.lists(st.tuples(st.one_of(st.none(), st.integers(1, 99)), st.text(max_size=10), hyp_st), max_size=4))
 def test_state_round_trip_property(ideas, pruned, hashes, entries):
     pool = hcm.IdeaPool(ideas, next_id=10**6 + 1)
-    log = hcm.GlobalLog([hcm.LogEntry(*e) for e in entries], pruned, hashes)
+    log = hcm.GlobalLog([hcm_state.LogEntry(*e) for e in entries], pruned, hashes)
     assert hcm.IdeaPool.from_dict(json.loads(json.dumps(pool.to_dict()))) == pool
     assert hcm.GlobalLog.from_dict(json.loads(json.dumps(log.to_dict()))) == log
 
@@ -914,9 +916,9 @@ _line = st.sampled_from(["x = 1", "y = x  +  2", "# note", "", "z = 'a  //c\\n  
 def test_normalise_is_idempotent_and_comment_blind(lines, noise):
     src = "\n".join(lines) + "\n"
     noisy = "\n".join(a for pair in zip(lines, noise + [""] * len(lines)) for a in pair) + "\n"
-    once = hcm.normalise_program(src)
-    assert hcm.normalise_program(once) == once
-    assert hcm.normalise_program(noisy) == once
+    once = hcm_state.normalise_program(src)
+    assert hcm_state.normalise_program(once) == once
+    assert hcm_state.normalise_program(noisy) == once
 
 
 # ---------------------------------------------------------------------------------------------- fakes
