@@ -27,7 +27,7 @@ Design:
   The run goes on as long as some actor can start.
 * What travels. To an actor: the reference source, the Evaluator's options (device, tolerances, TF32, log
   and import folders) and candidate sources; back: EvalResult dicts. Never the driver's environment: the
-  code travels as a Ray working_dir (this folder, run directories and caches left out), and an actor drops
+  code travels as a Ray working_dir (the repository, run directories and caches left out), and an actor drops
   credential-looking variables (the names the evaluator keeps from candidates) that it inherited from
   whoever started Ray on its node, before it starts anything.
 """
@@ -56,8 +56,8 @@ CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKI
 MAX_DEATHS = 2            # actors an evaluation may kill before it counts as the candidate's fault
 LOCAL = "local"           # --ray local: start a Ray instance on this machine
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
-_NOT_SHIPPED = [".git", "runs", ".raypkg", ".cache", ".whl", ".gl", ".hypothesis", ".pytest_cache",
-                ".benchmarks", "__pycache__", "*.pyc", "*.png", "*.html"]
+_NOT_SHIPPED = [".git", "runs", ".cache", ".hypothesis", ".pytest_cache", ".benchmarks", "__pycache__", "*.pyc",
+                "*.png", "*.html"]
 
 
 class ClusterError(RuntimeError):
@@ -346,7 +346,7 @@ def drop_credentials(environ) -> list[str]:
 # ----------------------------------------------------------------------------- helpers
 
 def runtime_env() -> dict:
-    """The code every actor runs: this folder, shipped by Ray (needed where nodes have no copy of it)."""
+    """The code every actor runs: the repository, shipped by Ray (needed where nodes have no copy of it)."""
     return {"working_dir": _HERE, "excludes": _NOT_SHIPPED}
 
 

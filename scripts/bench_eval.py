@@ -1,5 +1,6 @@
-"""Benchmark of the evaluator itself on the GPU machine (issue 7): where a candidate's evaluation time
-goes, how repeatable and how accurate its timing is, and how many candidates per hour it gets through.
+"""Benchmark of the evaluator itself on a GPU machine: where a candidate's evaluation time goes, how
+repeatable and how accurate its timing is, and how many candidates per hour it gets through (BENCHMARKS.md:
+"Cost per candidate and timing quality", the sessions' GPU figures, "2 GPUs").
 
 Uses only evaluate_kernel's public API (Evaluator.for_task, .baseline_ms, .evaluate, .close) and the
 hand-written conv_groupnorm candidate in tests/kernels/conv_groupnorm_fused.py. Reports:
@@ -13,7 +14,7 @@ hand-written conv_groupnorm candidate in tests/kernels/conv_groupnorm_fused.py. 
 Writes a markdown table (date, GPU, torch/CUDA versions, every figure) to stdout and to --out.
 Budget: about 5-8 minutes on one H100/H200 machine with 16 cores (K=6).
 
-    python3 scripts/bench_eval.py --out docs/bench_eval_h100.md
+    python3 scripts/bench_eval.py --out runs/bench_eval.md
 """
 from __future__ import annotations
 

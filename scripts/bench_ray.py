@@ -1,19 +1,18 @@
-"""--ray against a local Evaluator on one multi-GPU machine: candidates per hour and one candidate's speedup.
+"""--ray against a local Evaluator on one multi-GPU machine: candidates per hour and one candidate's speedup
+(BENCHMARKS.md, "Ray against the local evaluator").
 
 Both evaluate the same K distinct, already built candidates (the hand-written conv_groupnorm kernel in
 tests/kernels/conv_groupnorm_fused.py with a harmless constant changed, as scripts/bench_eval.py does),
 submitted at once from K threads, after one untimed pass (a long search's steady rate, not start-up):
   1. local: evaluate_kernel.Evaluator over all visible GPUs;
-  2. Ray: a Ray head started here (ray.init(num_gpus=N): the machine has no network) and
+  2. Ray: a Ray head started here (ray.init(num_gpus=N), on this machine alone) and
      ray_evaluator.RayEvaluator, one actor per GPU, sharing the same build cache folder;
   3. the first candidate evaluated R more times under each: the median speedup of each.
 Targets: Ray's candidates per hour within 10% of local's, its speedup within 1%. Writes a markdown table
 to stdout and --out. Takes about 3-5 minutes on a 2 x H200 machine (K=8, R=3).
 
-    bash scripts/ray_wheels.sh                     # where there is network: .raypkg/ray.tar.xz
-    # on the GPU machine, carrying .raypkg:
-    python3 -c "import tarfile; tarfile.open('.raypkg/ray.tar.xz').extractall('/tmp/raypkg', filter='tar')"
-    PYTHONPATH=/tmp/raypkg python3 scripts/bench_ray.py --out runs/bench_ray.md
+    pip install -r requirements-ray.txt
+    python3 scripts/bench_ray.py --out runs/bench_ray.md
 """
 from __future__ import annotations
 
@@ -71,7 +70,7 @@ def main() -> int:
         import ray
         from driver import ray_evaluator
     except ImportError as e:
-        print(f"bench_ray.py needs Ray ({e}): see scripts/ray_wheels.sh", file=sys.stderr)
+        print(f"bench_ray.py needs Ray ({e}): pip install -r requirements-ray.txt", file=sys.stderr)
         return 2
 
     n = torch.cuda.device_count()

@@ -1,4 +1,4 @@
-"""Where a candidate's build time goes, and what light headers and fast_nvcc.py save (issue 7).
+"""Where a candidate's build time goes, and what light headers and fast_nvcc.py save (BENCHMARKS.md, "Builds").
 
 1. Whole builds through the evaluator: a new source of tests/kernels/conv_groupnorm_fused.py evaluated
    under four option sets: torch's own way (light_headers=False, fast_nvcc=False), each change alone,

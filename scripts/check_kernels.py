@@ -1,4 +1,5 @@
-"""Build, check and time the CUDA candidates in tests/kernels/ against their task references (GPU only).
+"""Build, check and time the CUDA candidates in tests/kernels/ against their task references (GPU only); run
+it when a kernel there is added or changed (docs/testing.md).
 
 A standalone validation tool for the hand-written kernels (it does not use evaluate_kernel.py):
   1. builds every candidate at once, each in its own subprocess and extension directory;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in stages that each fit one 10-minute device call.
+# Everything that needs a GPU, in stages that each fit one 10-minute call (docs/testing.md); its bench,
+# agree, build and multi stages produce BENCHMARKS.md's GPU figures.
 # Usage: bash scripts/gpu_suite.sh OUTDIR [STAGE ...]     (default: all stages but quick, in this order)
 #   quick   the checks that fit one short device call (~6 min on one H100): the GPU cheats beside their
 #           twins, bench_eval's single-candidate figures, bench_agreement on conv_groupnorm and softmax@v0

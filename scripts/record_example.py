@@ -1,4 +1,5 @@
-"""Record the example run shipped in examples/ for `python run.py --replay` (no API key, no network).
+"""Record the example run shipped in examples/ for `python run.py --replay` (no API key, no network): the
+README's first command replays it.
 
     python scripts/record_example.py [--out examples/conv_groupnorm_small] [--seed 1]   # --out: from the repository root
 
