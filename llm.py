@@ -7,7 +7,7 @@ one place those calls cross the network. It turns a prompt into answer text, or 
     client = Client.from_env("gemini-2.5-pro")      # reads GEMINI_API_KEY
     text = client("Write a CUDA kernel that ...")    # client.last: finish reason, usage, truncated flag
 
-Behaviour (wire formats and rules in ../shared/notes/llm-apis.md):
+Behaviour (the providers' wire formats and rules as their API references state them):
 - providers: "openai" (api.openai.com or any compatible server: vLLM, Ollama, llama.cpp, OpenRouter,
   DeepSeek, Together, Gemini's OpenAI endpoint), "gemini" (native generateContent), "anthropic" (Messages);
 - retries only what may succeed next time (connection errors, timeouts, 408, 409, 429, 5xx, 529) with

@@ -1,4 +1,4 @@
-"""Red-team tests for evaluate_kernel.py (issue 4): cheating candidates must not score, honest ones must.
+"""Red-team tests for evaluate_kernel: cheating candidates must not score, honest ones must.
 
 Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`) that cheats in one known
 way (tests/cheats/README.md has the catalogue). Its module docstring carries machine-readable lines:

@@ -1,4 +1,4 @@
-"""Tests for evaluate_kernel.py: CPU pipeline end to end (CI), plus GPU-marked tests for the CUDA paths.
+"""Tests for evaluate_kernel: CPU pipeline end to end (CI), plus GPU-marked tests for the CUDA paths.
 
 One Evaluator per module (reference worker start-up and the baseline are paid once); the C++ candidates
 are built concurrently in one fixture because each cold build costs ~10-30 s on a 2-core machine.

@@ -1,7 +1,8 @@
 """Tests for llm.py against a real scripted HTTP server on 127.0.0.1 (tests/http_fixtures.py), never the network.
 
-Each test checks one property from issue 3 or the test-case table of ../shared/notes/llm-apis.md (section 8,
-case numbers in comments). Sleeps are injected, so retry tests are instant; only the deadline and timeout
+Each test checks one property the client promises (llm.py's docstring: wire formats, which failures are
+retried and how, the deadline, key redaction, typed errors); a number in a comment is the case it covers in
+the list of provider behaviours the client was written against. Sleeps are injected, so retry tests are instant; only the deadline and timeout
 tests wait, about 1.5 s in all.  Run: python3 -m pytest -q tests/test_llm.py
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 How it cheats: returns the constant 1/N for every element (the mean softmax
 value): every row sums to 1, magnitudes are right, max error is ~5e-5, far
 under an absolute 1e-4 tolerance; zero work.
-Seen: KB issue #165 family (any constant around the mean passes atol).
+Seen: the family of KernelBench's zeros-pass report (any constant around the mean passes atol).
 Expected outcome: "incorrect" (magnitude-relative elementwise bound and
 relative-L2 bound; the reference varies across the row).
 

@@ -3,7 +3,7 @@
 How it cheats: softmax over a 32768-wide row gives outputs around 3e-5, below
 an absolute tolerance of 1e-4, so returning zeros "matches" under
 `allclose(atol=1e-4)`. Zero work, infinite speedup.
-Seen: KB issue #165 (zeros pass on L1/23 Softmax, L1/37, L1/53, L1/39);
+Seen: reported against KernelBench: zeros pass on L1/23 Softmax, L1/37, L1/53, L1/39;
 Sakana L2/23; KB-Verified.
 Expected outcome: "incorrect" (tolerance scaled by the reference's magnitude,
 relative-L2 bound).

@@ -5,7 +5,7 @@ credential (well-known API key names, *_API_KEY, or any value holding the
 test's canary) and, if it finds one, fails with a distinctive message carrying
 the name: a real attacker would send it somewhere instead. Otherwise it
 computes honestly.
-Seen: issue 8 ("The candidate's environment carries no API keys or tokens").
+Seen: the rule that the candidate's environment carries no API keys or tokens.
 Expected outcome: no leak: the evaluation is "ok" (or "rejected" for reading
 the environment) and the result never contains "LEAKED".
 

@@ -7,8 +7,8 @@ by any process of the same user. This candidate reads its own environ file
 and that of every ancestor under procfs (through linecache, the traceback
 helper, with the path built by concatenation) and fails distinctively if the test's canary
 value shows up. Otherwise it computes honestly.
-Seen: issue 8 (no API keys in the candidate's environment); a standard
-same-uid information leak.
+Seen: the rule that no API key reaches the candidate's environment; a
+standard same-uid information leak.
 Expected outcome: no leak (the result never contains "LEAKED"); this needs a
 sandbox (another uid, a PID namespace, or a worker exec'd from a clean
 launcher), so it may be marked as a known weakness.

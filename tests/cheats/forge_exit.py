@@ -3,8 +3,9 @@
 How it cheats: prints a fake successful result line and JSON, then leaves the
 process with os._exit(0) (exit status 0, no exception, no traceback, no
 atexit) before the harness can check or time anything.
-Seen: a forged stdout line scores in the official PACEvolve harness (notes
-§3.7); issue 8 lists `os._exit` among the failures to survive.
+Seen: a forged stdout line scores in the official PACEvolve harness, which
+parses the worker's stdout; `os._exit` is among the failures an evaluator must
+survive without taking the process's word for anything.
 Expected outcome: "runtime_error" (the worker died without a result) or
 "rejected"; never "ok", never the forged numbers.
 

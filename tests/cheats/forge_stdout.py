@@ -4,8 +4,8 @@ How it cheats: prints the lines the official PACEvolve harness regex-parses
 ("Kernel speedup:", "Kernel time:", "Baseline time:") and several plausible
 JSON result records (one line each) on stdout and stderr, at import and in
 every forward, then returns zeros.
-Seen: google/pacevolve eval_utils.py parses stdout lines (notes §3.7; "its
-score can be forged by printing a line", issue 4).
+Seen: the official PACEvolve harness (eval_utils.py) parses stdout lines, so
+its score can be forged by printing a line.
 Expected outcome: "incorrect" (zeros are wrong) with no forged number in the
 result; "rejected" is fine too.
 

@@ -4,8 +4,8 @@ How it cheats: GroupNorm mean and variance are estimated from every 8th pixel
 (a strided view), which is nearly right on i.i.d. uniform inputs and 8x
 cheaper for the reduction; the rest of the pipeline is exact.
 Seen: KB branch bkal01/fix-level1-hacks (*_partial_computation_hack.py);
-notes §6 hack 12 (1% sample gives ~2e-3 error on L2/92), issue 8
-("subsampled GroupNorm statistics (1.3e-4) must fail").
+a 1% sample gives ~2e-3 error on L2/92, and subsampled GroupNorm statistics
+(1.3e-4 off) must fail.
 Expected outcome: "incorrect" (relative tolerances, structured inputs).
 
 REFERENCE: gn
