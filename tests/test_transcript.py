@@ -5,6 +5,8 @@ instant fake evaluator, so they take a few seconds."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -230,3 +232,22 @@ def test_report_md_and_html_show_the_exchanges_of_a_real_search(recorded):
     for purpose, n in kinds.items():
         assert f"| {purpose} | {n} | 0 | " in report
 
+
+def test_the_command_lists_the_calls_and_prints_one_in_full():
+    """`python -m driver.transcript DIR [N]`, as the README gives it, on the shipped example."""
+    root = Path(__file__).resolve().parent.parent
+    example = root / "examples" / "conv_groupnorm_small"
+
+    def command(*args):
+        return subprocess.run([sys.executable, "-m", "driver.transcript", *map(str, args)], cwd=root,
+                              capture_output=True, text=True, timeout=60)
+    calls = transcript.read(example).calls
+    listing = command(example)
+    assert listing.returncode == 0 and len(listing.stdout.splitlines()) == len(calls)
+    assert listing.stdout.startswith("call 1: probe")
+    one = command(example, 2)
+    assert one.returncode == 0 and one.stdout.startswith("=== call 2: ") and "--- prompt\n" in one.stdout
+    assert "--- reply\n" in one.stdout
+    missing = command(example, len(calls) + 1)
+    assert missing.returncode == 2 and f"no such call (1-{len(calls)})" in missing.stderr
+    assert command().returncode == 2 and "usage: python -m driver.transcript" in command().stdout

@@ -1,0 +1,70 @@
+"""The repository's layout is the one the README states: every top-level entry is in the README's module
+table (and every row names one that exists), the paper's modules at the top import nothing from the
+support folders, each folder's front file lists its modules, every script is named where the docs say what
+it backs, and the README reads in one sitting.
+
+    python -m pytest tests/test_layout.py
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+FOLDERS = ("driver", "report")   # the support folders of our own code (the evaluator has its own front)
+
+
+def _ignored(name: str) -> bool:
+    """Hidden entries, and what .gitignore leaves out at the top (runs/, caches): not part of the repository."""
+    patterns = [p.strip().strip("/") for p in (REPO / ".gitignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#") and "/" not in p.strip().strip("/")]
+    return name.startswith(".") or any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def module_table() -> list[str]:
+    """The entries (files and folders) named in the first column of the README's module table."""
+    section = README.split("\n## The modules", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [name.rstrip("/") for row in rows for name in re.findall(r"`([^`]+)`", row)]
+
+
+def test_every_top_level_entry_is_in_the_module_table():
+    entries = sorted(p.name for p in REPO.iterdir() if not _ignored(p.name) and p.name != "README.md")
+    table = module_table()
+    assert [e for e in entries if e not in table] == []
+    assert [t for t in table if not (REPO / t).exists()] == []
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in REPO.glob("*.py") if p.name != "run.py"))
+def test_the_papers_modules_import_nothing_from_the_support_folders(module):
+    tree = ast.parse((REPO / module).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not imported & {*FOLDERS, "run"}, module
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_each_folders_front_lists_its_modules(folder):
+    front = ast.get_docstring(ast.parse((REPO / folder / "__init__.py").read_text()))
+    listed = set(re.findall(r"^\s+(\w+\.py)\s", front, re.M))
+    assert listed == {p.name for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
+
+
+def test_every_script_is_named_where_the_docs_say_what_it_backs():
+    testing = (REPO / "docs" / "testing.md").read_text()
+    for script in sorted((REPO / "scripts").iterdir()):
+        if script.suffix in (".py", ".sh"):
+            assert f"scripts/{script.name}" in testing, script.name
+            head = script.read_text()[:600]
+            assert "BENCHMARKS" in head or "docs/" in head or "README" in head, script.name
+
+
+def test_the_readme_reads_in_one_sitting():
+    assert len(README.splitlines()) <= 250
+    for doc in re.findall(r"\]\(([^)#]+)\)", README):
+        assert (REPO / doc).exists(), doc
