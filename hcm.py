@@ -37,7 +37,8 @@ Beyond the algorithm box (decisions the paper leaves open, and fixes to the offi
     `count_unusable` reads, per prompt kind.
 `merge_pools` and `prune_pool` serve crossover (§3.3): bring a partner island's ideas in, then cap P.
 Not here: parent selection, backtracking and the crossover decision (run.py, momentum.py, crossover.py),
-the evaluator (evaluate_kernel.py), the task background (driver/prompt_background.py). Lower score is better throughout.
+the evaluator (evaluate_kernel/), the task background (driver/prompt_background.py). Lower score is better
+throughout.
 The state lives in hcm_state.py, the prompts in hcm_prompts.py, the reply parsers in hcm_parsers.py.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""report.html's LLM exchanges: the transcript (driver/transcript.py) as a section of the page, and the links into it.
+"""report.html's LLM exchanges: the transcript (driver/transcript.py) as a section of the page, and the links
+into it.
 
     x = Exchanges(run, cards, prog_link)    # run: report_data.Run; cards: candidate ids shown with their source
     x.section()                             # calls and tokens per purpose, then every call on the page, folded
@@ -88,7 +89,8 @@ class Exchanges:
         label = ("" if short else _short_purpose(c.get("purpose")) + " ") + f"call {c.get('call')}"
         if c.get("call") in self.inline:
             return f'<a href="#x-{c.get("call")}">{_e(label)}</a>'
-        return _e(label) + ("" if short else " <span class=muted>(not on this page: python -m driver.transcript)</span>")
+        return _e(label) + ("" if short
+                            else " <span class=muted>(not on this page: python -m driver.transcript)</span>")
 
     def calls_link(self, island, generation, text) -> str:
         """`text` linking to the calls island `island` made for `generation`, when they are on the page."""

@@ -2,8 +2,8 @@
 
 Each test checks one property the client promises (llm.py's docstring: wire formats, which failures are
 retried and how, the deadline, key redaction, typed errors); a number in a comment is the case it covers in
-the list of provider behaviours the client was written against. Sleeps are injected, so retry tests are instant; only the deadline and timeout
-tests wait, about 1.5 s in all.  Run: python3 -m pytest -q tests/test_llm.py
+the list of provider behaviours the client was written against. Sleeps are injected, so retry tests are
+instant; only the deadline and timeout tests wait, about 1.5 s in all.  Run: python3 -m pytest -q tests/test_llm.py
 """
 from __future__ import annotations
 

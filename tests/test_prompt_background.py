@@ -1,4 +1,5 @@
-"""Tests for driver/prompt_background.py: prompts written for the device the task runs on (pure: facts in, text out)."""
+"""Tests for driver/prompt_background.py: prompts written for the device the task runs on (pure: facts in, text
+out)."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,8 @@ GPU_WORDS = ("GPU", "CUDA", "L2", "stream", "cuDNN", "SM")
 
 
 def test_cpu_background_states_threads_isa_compiler_and_flags_and_no_gpu_wording():
-    for text in (prompt_background.kernel_background(CPU, "conv + GroupNorm, fp32"), prompt_background.kernel_brief(CPU, "x")):
+    for text in (prompt_background.kernel_background(CPU, "conv + GroupNorm, fp32"),
+                 prompt_background.kernel_brief(CPU, "x")):
         for word in GPU_WORDS:
             assert word not in text, word
     text = prompt_background.kernel_background(CPU, "conv + GroupNorm, fp32")
@@ -33,7 +35,8 @@ def test_gpu_background_states_the_measured_device_facts():
     for needle in ("NVIDIA H200", "compute capability 9.0", "132 SMs", "140 GiB memory", "4,300 GB/s",
                    "60 MiB L2", "CUDA events", "L2 flush", "already on the GPU", "streams", "softmax"):
         assert needle in text, needle
-    assert "GB/s" not in prompt_background.describe_device(prompt_background.gpu_facts({**GPU_INFO, "mem_bw_bytes_per_s": None}))
+    no_bandwidth = prompt_background.gpu_facts({**GPU_INFO, "mem_bw_bytes_per_s": None})
+    assert "GB/s" not in prompt_background.describe_device(no_bandwidth)
 
 
 def test_device_facts_prefers_the_evaluator_device_info():

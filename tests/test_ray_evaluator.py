@@ -166,7 +166,8 @@ def test_ray_may_change_on_resume():
 
 
 def test_without_ray_nothing_imports_it():
-    code = "import sys, run; from driver import cli; cli.parse_args(['--task', 'conv_groupnorm_small']); print('ray' in sys.modules)"
+    code = ("import sys, run; from driver import cli; cli.parse_args(['--task', 'conv_groupnorm_small']); "
+            "print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr
 

@@ -57,7 +57,8 @@ class Evaluator:
 @pytest.fixture
 def fake_run(monkeypatch):
     monkeypatch.setattr(startup, "make_evaluator", lambda *a, **kw: Evaluator())
-    monkeypatch.setattr(prompt_background, "device_facts", lambda ev, device: {"kind": "cpu", "cpu": "fake", "threads": 1})
+    monkeypatch.setattr(prompt_background, "device_facts",
+                        lambda ev, device: {"kind": "cpu", "cpu": "fake", "threads": 1})
     for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PACEVOLVE_MODEL"):
         monkeypatch.delenv(k, raising=False)
     # cheap: 1 improvement in 4 implementations at a tenth of the price: 2.5 times strong's value per dollar
