@@ -1,7 +1,7 @@
 """The repository's layout is the one the README states: every top-level entry is in the README's module
 table (and every row names one that exists), the paper's modules at the top import nothing from the
-support folders, each folder's front file lists its modules, every script is named where the docs say what
-it backs, and the README reads in one sitting.
+support folders, no module imports its way back to itself, each folder's front file lists its modules,
+every script is named where the docs say what it backs, and the README reads in one sitting.
 
     python -m pytest tests/test_layout.py
 """
@@ -46,6 +46,31 @@ def test_the_papers_modules_import_nothing_from_the_support_folders(module):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not imported & {*FOLDERS, "run"}, module
+
+
+def test_no_module_imports_its_way_back_to_itself():
+    """The import graph of the top level, driver/ and report/ (imports inside functions too) has no circle."""
+    files = [*REPO.glob("*.py"), *(p for f in FOLDERS for p in (REPO / f).glob("*.py") if p.name != "__init__.py")]
+    names = {str(p.relative_to(REPO).with_suffix("")).replace("/", "."): p for p in files}
+    graph = {}
+    for name, path in names.items():
+        found = set()
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                found |= {a.name for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.module:
+                found |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+        graph[name] = found & set(names) - {name}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        assert name not in path, " -> ".join(path[path.index(name):] + [name])
+        if name not in done:
+            for other in sorted(graph[name]):
+                visit(other, path + [name])
+            done.add(name)
+    for name in sorted(graph):
+        visit(name, [])
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
