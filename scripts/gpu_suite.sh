@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in stages that each fit one 10-minute call (docs/testing.md); its bench,
-# agree, build and multi stages produce BENCHMARKS.md's GPU figures.
+# Everything that needs a GPU, in stages of at most about 10 minutes each, so that each stage fits a job
+# time limit (docs/testing.md); its bench, agree, build and multi stages produce BENCHMARKS.md's GPU figures.
 # Usage: bash scripts/gpu_suite.sh OUTDIR [STAGE ...]     (default: all stages but quick, in this order)
-#   quick   the checks that fit one short device call (~6 min on one H100): the GPU cheats beside their
+#   quick   the checks that fit one short job (~6 min on one H100): the GPU cheats beside their
 #           twins, bench_eval's single-candidate figures, bench_agreement on conv_groupnorm and softmax@v0
 #   tests   the GPU tests (test_gpu_golden, test_evaluate -m gpu, test_cheats -m gpu side by side), then
 #           test_gpu_small_calls alone                                            (~8-9 min on one H200)
