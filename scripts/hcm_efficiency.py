@@ -1,5 +1,6 @@
-"""LLM calls and prompt characters per evaluated candidate of a scripted search (no GPU, no LLM, about a minute;
-BENCHMARKS.md, "HCM: LLM calls and prompt characters per evaluated candidate", and docs/hcm.md).
+"""LLM calls and prompt characters per evaluated candidate of a scripted search (no GPU, no LLM, about a minute).
+
+Backs BENCHMARKS.md, "HCM: LLM calls and prompt characters per evaluated candidate", and docs/hcm.md.
 
 Runs run.Search in-process: two islands of conv_groupnorm_small, the rule-based fake LLM (tests/fake_llm.py)
 as both the main and the secondary model (two instances, so they are counted apart), and an instant fake

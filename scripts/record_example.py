@@ -1,5 +1,6 @@
-"""Record the example run shipped in examples/ for `python run.py --replay` (no API key, no network): the
-README's first command replays it.
+"""Record the example run shipped in examples/ for `python run.py --replay` (no API key, no network).
+
+The README's first command replays it.
 
     python scripts/record_example.py [--out examples/conv_groupnorm_small] [--seed 1]   # --out: from the repository root
 

@@ -1,5 +1,6 @@
-"""Render a run's report.html to PNG with headless Chromium, to look at the page without a desktop (the
-README's screenshot, docs/report.png, was made with it).
+"""Render a run's report.html to PNG with headless Chromium, to look at the page without a desktop.
+
+The README's screenshot, docs/report.png, was made with it.
 
     python scripts/render_report.py RUN_DIR [--out report.png] [--width 1200] [--height 3000] [--split 1500]
 
