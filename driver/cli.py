@@ -58,6 +58,7 @@ class Config:
     token_budget: int | None = None
     max_llm_failures: int = 5
     reference_limit: float = 300.0
+    timing_s: float | None = None
     rtol: float | None = None
     atol: float | None = None
     l2_tol: float | None = None
@@ -73,7 +74,7 @@ class Config:
 # What --resume may change (the search state does not depend on it), and why the rest may not.
 RESUME_MAY_CHANGE = {"model", "provider", "base_url", "secondary_model", "temperature", "max_output_tokens",
                      "model_choice", "price", "budget_usd", "gpus", "generations", "token_budget",
-                     "max_llm_failures", "reference_limit", "quiet",
+                     "max_llm_failures", "reference_limit", "timing_s", "quiet",
                      "resume", "eval_cache", "ray", "ray_cpus", "ray_actors"}
 RESUME_REFUSES = {
     "task": "the checkpoint's programs and scores belong to the saved task",
@@ -304,6 +305,9 @@ def _parser(default=None) -> argparse.ArgumentParser:
                                           "runs re-use each other's verdicts (default: the run's evals/)")
     a("--reference-limit", type=_positive, default=Config.reference_limit, metavar="SECONDS",
       help="stop at once if measuring the reference takes longer than this")
+    a("--timing-s", type=_positive, metavar="SECONDS", help="time each candidate at most this long once its "
+      "speedup's 95%% interval has not narrowed to 0.5%% (GPU) or 2%% (CPU) (default: 10 on a GPU, 3 on the "
+      "CPU); shorter is faster and less sure, and every result states its interval")
 
     group = p.add_argument_group("output")
     a("--out", metavar="DIR", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")

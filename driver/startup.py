@@ -294,6 +294,8 @@ def _prices(cfg: Config, main: dict, cheap: dict) -> tuple[dict, str]:
 def make_evaluator(cfg: Config, task: tasks.Task, device: str, rd: rundir_mod.RunDir, owns_ray: bool = False):
     import evaluate_kernel
     kw = {"device": device, "allow_tf32": cfg.allow_tf32, "log_dir": str(rd.logs)}
+    if cfg.timing_s is not None:
+        kw["timing_s"] = cfg.timing_s
     if device == "cuda" and cfg.gpus:
         kw["gpus"] = [int(g) for g in cfg.gpus.split(",")]
     kw.update({n: getattr(cfg, n) for n in ("rtol", "atol", "l2_tol") if getattr(cfg, n) is not None})

@@ -377,7 +377,7 @@ class _Pool:
             # comparison needs only the noise PROFIT_TOLERANCE allows.
             self._evaluators[reference] = ek.Evaluator(
                 REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45,
-                max_pairs=12, timing_s=4.0)
+                max_pairs=12, timing_s=2.0)
         return self._evaluators[reference]
 
     def close(self) -> None:

@@ -201,7 +201,7 @@ def ev(tmp_path_factory):
     (root / "mods").mkdir()
     (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
     e = ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
-                     import_dirs=[str(root / "mods")], max_pairs=8, timing_s=3.0, run_timeout_s=60)
+                     import_dirs=[str(root / "mods")], max_pairs=8, timing_s=1.5, run_timeout_s=60)
     yield e
     e.close()
 

@@ -54,7 +54,7 @@ HONEST_BODY = '''        x_conv = self.conv(x)
 def ev(tmp_path_factory):
     os.environ["PACEVOLVE_TEST_API_KEY"] = "sk-must-not-leak"
     e = ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path_factory.mktemp("evalcache")),
-                     max_pairs=10, timing_s=3.0, run_timeout_s=60, build_timeout_s=300)
+                     max_pairs=10, timing_s=1.5, run_timeout_s=60, build_timeout_s=300)
     yield e
     e.close()
     os.environ.pop("PACEVOLVE_TEST_API_KEY", None)
@@ -177,7 +177,7 @@ def test_os_exit_is_runtime_error(ev):
 
 
 def test_infinite_loop_is_timeout(tmp_path):
-    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), run_timeout_s=8, max_pairs=4) as e:
+    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), run_timeout_s=8, max_pairs=4, timing_s=1.0) as e:
         t0 = time.monotonic()
         r = e.evaluate(variant("        while True:\n            x = x + 1"))
         assert r.status == "timeout"

@@ -119,7 +119,7 @@ def _args(base_url, out, cache, seed=11, generations=4):
     return ["--task", "conv_groupnorm_small", "--islands", "3", "--generations", str(generations),
             "--base-url", base_url, "--model", "fake-model", "--seed", str(seed), "--freeze", "2",
             "--eps-rel", "0.95", "--target-speedup", "1.1", "--out", str(out),
-            "--eval-cache", str(cache), "--head-to-head", "1"]
+            "--eval-cache", str(cache), "--head-to-head", "1", "--timing-s", "1"]
 
 
 def _run_cli(args, timeout=900):
@@ -213,6 +213,7 @@ def _chunked(size: int) -> str:
                           "    def part(self, x):\n")
 
 
+@pytest.mark.slow   # up to six runs of six generations with the real evaluator: minutes on 2 cores
 def test_interventions_show_backtrack_and_crossover(tmp_path):
     task = _loop_task(tmp_path / "loop_conv_groupnorm.py")
     with _serve(RuleBasedLLM([HONEST, _chunked(4), _chunked(1), SLOW], seed=5, variants=True)) as base_url:
