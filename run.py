@@ -21,29 +21,26 @@ The score is the candidate's runtime in ms (lower is better) at the run's refere
 speedup the evaluator measured against the reference timed beside the candidate. s_0 is the PyTorch
 reference's runtime measured at the start on the same device, and the target r defaults to 0 ms
 (`--target-speedup S` sets r = s_0 / S, the official configs' per-kernel "target score"). Scores are
-confirmed (driver/ranking.py): a candidate becomes an island's best, or the run's, only when it beats the incumbent
-by more than the two measurements' noise or wins a head-to-head re-measurement; a re-measured program's
-score is the re-measured one wherever it is used (tournament, momentum, crossover, best.py). What is shown
-(prompts, console, best.py, report.md) is measured: both times and the speedup with its noise band.
+confirmed (driver/ranking.py): a candidate becomes an island's best, or the run's, only when it beats the
+incumbent by more than the two measurements' noise or wins a head-to-head re-measurement; a re-measured
+program's score is the re-measured one wherever it is used (tournament, momentum, crossover, best.py). What
+is shown (prompts, console, best.py, report.md) is measured: both times and the speedup with its noise band.
 
 `main` in order: the options are checked (driver/cli.py); driver/startup.py resolves everything once
 (new, resumed or replayed run, task, device, LLM clients and their probe calls, run directory, evaluator
-and the reference's runtime s_0) into one object; then rounds run until the generations, the token budget,
-the dollar budget or the LLM run out (`--max-llm-failures` calls in a row failed); report.md and
-progress.png close it (report/markdown.py), report.html is drawn after every round (report/html.py).
-Every LLM call goes through models.Role: with several --model models it picks one per call (weights or a
-cost-aware bandit), and it keeps the dollars (spend.json) within --budget-usd. A call the budget refuses
-cuts its round short: like a stop, that round is not checkpointed and runs again on resume.
+and the reference's runtime s_0) into one object; then rounds run until the generations, the token or
+dollar budget (models.Role picks a model per call and keeps --budget-usd) or the LLM run out
+(`--max-llm-failures` calls in a row failed); report.md and progress.png close it (report/markdown.py),
+report.html is drawn after every round (report/html.py).
 A round is the unit of checkpointing: the state (pools, logs, programs, momentum, snapshots, random
 generators) is written atomically to checkpoint.json at round 0 and after every round, and every
-evaluation is stored the moment it finishes, so `--resume DIR` loses nothing and re-evaluates nothing.
-With a deterministic LLM the resumed run is the same as an uninterrupted one. Only verdicts about a
-candidate are stored: an evaluation that raised (the evaluator's own failure) or that finished after a
-stop was asked for (Ctrl-C, SIGTERM, or the run ending for any other reason: its workers may have been
-killed under it) is no verdict, is never stored, and runs again on resume. A score that is not a finite,
-positive runtime is never a best and never enters momentum. Every LLM call, probes included, is kept in
-transcript.jsonl (driver/transcript.py); `--replay DIR` runs a recorded search again with its replies, no network
-(driver/replay.py).
+evaluation is stored the moment it finishes (driver/evaluations.py: verdicts only, never one that ended
+after a stop was asked for), so `--resume DIR` loses nothing and re-evaluates nothing; with a deterministic
+LLM the resumed run is the same as an uninterrupted one. A round cut short (Ctrl-C, SIGTERM, a call the
+dollar budget refuses) is not checkpointed and runs again on resume. A score that is not a finite, positive
+runtime is never a best and never enters momentum. Every LLM call, probes included, is kept in
+transcript.jsonl (driver/transcript.py); `--replay DIR` runs a recorded search again with its replies, no
+network (driver/replay.py).
 Exit codes: 0 done, 2 a set-up problem (one line says which), 3 stopped by LLM failures, 4 the evaluator
 failed, 5 a replay (--replay DIR) left its recording, 130 Ctrl-C (SIGINT), 143 SIGTERM.
 """
@@ -56,18 +53,15 @@ if __name__ == "__main__":   # a signal while the modules below load: one line, 
 import collections  # noqa: E402
 import concurrent.futures
 import dataclasses
-import json
-import math
 import random
-import re
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import crossover
-from driver import cli, console, llm_check, models, prompt_background, ranking, replay, startup, transcript
+from driver import cli, console, evaluations, llm_check, models, prompt_background, ranking, replay, startup
+from driver import transcript
 from driver.cli import Config
 from driver.rundir import RunDir, RunDirError, hardware_name
 import hcm
@@ -80,8 +74,6 @@ TOURNAMENT_SIZE = 2   # official default: best of 2 random picks ...
 TOURNAMENT_TOP_K = 4  # ... from the island's top 4 programs
 EXIT_LLM_FAILURES = 3
 EXIT_EVALUATOR_FAILED = 4
-EXIT_INTERRUPTED = stopping.EXIT_INTERRUPTED
-EXIT_TERMINATED = stopping.EXIT_TERMINATED
 EXIT_REPLAY_MISMATCH = 5
 REFERENCE = "reference"   # the program id of the reference: generation 0's program on every island
 
@@ -159,10 +151,7 @@ class Search:
         """`facts`: the device facts of the prompts' background (a replay gives the recorded ones); `book`: the
         transcript, when records were made before the run directory existed (the probes); `stop`: the signals'
         stop request (main installs it); evaluations finishing after it are dropped."""
-        self.cfg, self.task, self.evaluator, self.rundir = cfg, task, evaluator, rundir
-        self.stop = stop or stopping.StopRequest()
-        self.closed = threading.Event()   # run() has ended: nothing that finishes now is a verdict
-        self.discarded = 0                # evaluations dropped for that (their round is never checkpointed)
+        self.cfg, self.task, self.rundir = cfg, task, rundir
         self.llm_main, self.llm_cheap = llm_main, llm_cheap
         self.spend = getattr(llm_main, "spend", None)   # models.Spend: dollars and --budget-usd
         self._parent_ms: dict[int, float] = {}          # each island's parent score this round (its gain)
@@ -173,17 +162,10 @@ class Search:
         self.round = 0
         self.islands = [self._new_island(i) for i in range(cfg.islands)]
         self.global_best: dict | None = None
-        self.eval_seconds = 0.0
-        self.eval_counts: dict[str, int] = {}
-        self.drifts: list[float] = []   # per evaluation: the reference timed beside it / s_0's measurement - 1
         self.ledger = ranking.Ledger(baseline_ms, rounds=cfg.head_to_head)   # confirmed figures, duels
-        self.remeasured = 0                          # evaluations spent on head-to-heads
         self.unusable = collections.Counter()        # LLM replies that could not be parsed, by prompt kind
         self.llm_watch = llm_check.FailureWatch(cfg.max_llm_failures)
-        self.evaluator_error: str | None = None   # the evaluator itself broke (not a candidate): stop the run
         self.wall_before, self.started = 0.0, time.time()   # wall time of earlier sessions, this one's start
-        self._eval_lock = threading.Lock()
-        self._inflight: dict[str, threading.Event] = {}
         self.hcm_config = hcm.HCMConfig(n_proposals=cfg.proposals, k_idea=cfg.k_idea,
                                         k_hyp=cfg.k_hyp, max_repairs=cfg.repairs)
         self.transcript = book if book is not None else transcript.Transcript()
@@ -197,8 +179,8 @@ class Search:
                                          background=text, brief=brief, reference=task.reference_src,
                                          legend=ranking.LEGEND)
                          for i in range(cfg.islands)]
-        self.eval_context = "\0".join([task.reference_src, device, str(cfg.allow_tf32)]
-                                      + _tolerance_key(cfg))
+        self.evals = evaluations.Evaluations(evaluator, rundir, evaluations.context(task.reference_src, device, cfg),
+                                             baseline_ms, stop or stopping.StopRequest())
 
     def _new_island(self, i: int) -> Island:
         island = Island(index=i, rng=random.Random(f"{self.cfg.seed}:{i}"),
@@ -245,94 +227,23 @@ class Search:
         return ranking.describe(ranking.Figures(self.s0 / self._score_of(pid)))   # a checkpoint older than the ledger
 
     def _execute(self, src: str) -> hcm.Outcome:
-        """The evaluation callback HCM calls: cached by source, stored the moment it finishes."""
-        pid = self.rundir.save_program(src)
-        key = self.rundir.eval_key(self.eval_context, src)
-        while True:
-            with self._eval_lock:
-                cached = self.rundir.load_eval(key)
-                if cached is not None:
-                    break
-                waiter = self._inflight.get(key)
-                if waiter is None:
-                    self._inflight[key] = threading.Event()
-                    break
-            waiter.wait()   # another island is evaluating the same source right now
-        if cached is None:
-            try:
-                result = self._verdict(pid, key, src)   # stored before any waiter wakes up
-            finally:
-                with self._eval_lock:
-                    self._inflight.pop(key).set()
-            d = result.get("details") or {}
-            with self._eval_lock:
-                self.eval_seconds += float(d.get("check_s") or 0) + float(d.get("time_s") or 0)
-                self.eval_counts[result["status"]] = self.eval_counts.get(result["status"], 0) + 1
-                if isinstance(d.get("baseline_drift"), (int, float)):
-                    self.drifts.append(round(d["baseline_drift"], 5))
-            self.rundir.event("evaluation", program=pid, status=result["status"], runtime_ms=self.score(result),
-                              **ranking.measured(result), message=result.get("message", "")[:500])
-        else:
-            result = cached
-            self.rundir.event("evaluation", program=pid, status=result["status"], cached=True,
-                              runtime_ms=self.score(result), **ranking.measured(result))
-        return self._outcome(pid, result)
-
-    def _verdict(self, pid: str, key: str, src: str) -> dict:
-        """The evaluator's verdict on `src`, stored; no verdict (an exception, or an evaluation that ended
-        after a stop was asked for) raises and stores nothing."""
-        try:
-            result = self.evaluator.evaluate(src).to_dict()
-        except Exception as exc:   # a candidate's failure is a status; an exception is the evaluator's
-            if self._stopping():
-                raise self._discard(pid) from None
-            self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            self.rundir.event("evaluation", program=pid, status="no_verdict", failed="evaluator",
-                              message=self.evaluator_error)
-            raise
-        result["program_id"] = pid
-        with self._eval_lock:
-            if self._stopping():   # the signal may have killed its workers, or close() stopped it
-                raise self._discard(pid)
-            if result["status"] == "ok" and self.score(result) is None:
-                return result   # a runtime that is no number: not a verdict to keep (see _outcome)
-            if result["status"] != "ok":
-                result["failed"] = "candidate"   # every stored failure is the candidate's
-            self.rundir.store_eval(key, result)
-        return result
-
-    def _stopping(self) -> bool:
-        return self.closed.is_set() or self.stop.requested()
-
-    def _discard(self, pid: str) -> Exception:
-        self.discarded += 1
-        return EvaluationDiscarded(f"the evaluation of {pid} ended after the run was asked to stop; "
-                                   "it was not stored and runs again on resume")
+        """The evaluation callback HCM calls: measured once per source, stored as it finishes
+        (driver/evaluations.py)."""
+        return self._outcome(*self.evals.candidate(src))
 
     def _outcome(self, pid: str, r: dict) -> hcm.Outcome:
         """The result HCM records. A program's first measurement becomes its figures; one measured again
         in a head-to-head keeps the re-measured figures, and its score and metric are those."""
-        if r["status"] == "ok" and self.score(r) is None:
+        if r["status"] == "ok" and evaluations.score(r, self.s0) is None:
             return hcm.Outcome(status="ok", score=None, metric="ok, not scored",
                                message=f"ok, but the runtime it measured is no finite, positive number "
                                        f"({r.get('runtime_ms')} ms, speedup {r.get('speedup')}); not scored")
-        with self._eval_lock:
+        with self.evals.lock:
             fig = self.ledger.note(pid, r)
         if fig is None:
             return hcm.Outcome(status=r["status"], metric=r["status"], message=r.get("message", ""))
         return hcm.Outcome(status="ok", score=self._score_of(pid), metric=self._metric_text(pid),
                            message=f"ok: {self._metric_text(pid)}")
-
-    def score(self, r: dict) -> float | None:
-        """The runtime at the run's reference conditions: s_0 / speedup, where the speedup comes from the
-        reference timed beside the candidate (the machine's load between now and the start cancels out);
-        the candidate's own runtime where the result has no speedup."""
-        if r["status"] != "ok" or not _positive(r.get("runtime_ms")):
-            return None
-        speedup = r.get("speedup")
-        if speedup is None:
-            return r["runtime_ms"]
-        return self.s0 / speedup if _positive(speedup) and _positive(self.s0 / speedup) else None
 
     def _generation(self, island: Island):
         parent = self._parent(island)
@@ -365,7 +276,7 @@ class Search:
         island.forced_parent = None
         outcome = gen.outcome
         score = outcome.score if outcome is not None and outcome.status == "ok" else None
-        score = score if _positive(score) else None   # a NaN or inf is never a best nor momentum
+        score = score if evaluations.positive(score) else None   # a NaN or inf is never a best nor momentum
         pid = gen.program_id or None
         crowned, incumbent = False, island.best
         if score is not None and pid:
@@ -395,7 +306,7 @@ class Search:
                           llm_calls=gen.llm_calls, calls=gen.calls, unusable=unusable,
                           attempts=[{"program": a["program_id"], "status": a["status"], "score": a.get("score")}
                                     for a in gen.attempts],
-                          llm_failures=_llm_failures(gen.events), notes=gen.events, **cost)
+                          llm_failures=llm_check.failed_classes(gen.events), notes=gen.events, **cost)
         self._progress(island, gen, score, cost)
 
     def _intervene(self, island: Island) -> None:
@@ -455,14 +366,14 @@ class Search:
                             "round": self.round}
         self._rescore()
 
-    # -- the confirmed ranking (driver/ranking.py): verdicts, head-to-heads, scores that follow them -------
+    # -- the confirmed ranking (driver/ranking.py): head-to-heads, scores that follow them -------------
 
     def _confirm(self, island: Island, challenger: str, incumbent: str) -> bool:
         """Whether `challenger` takes the title from `incumbent` (ranking.Ledger.confirm). A head-to-head
         the evaluator could not finish decides nothing and is not kept: the title stays."""
         try:
-            crowned, duel = self.ledger.confirm(challenger, incumbent, self._remeasure)
-        except HeadToHeadAborted:
+            crowned, duel = self.ledger.confirm(challenger, incumbent, self.evals.again)
+        except evaluations.HeadToHeadAborted:
             return False
         if duel is not None:
             self.rundir.event("head_to_head", island=island.index, generation=island.generation,
@@ -471,34 +382,6 @@ class Search:
                       f"{self._metric_text(challenger)} vs {self._metric_text(incumbent)}: "
                       + ("the challenger takes the title" if crowned else "the title stays"))
         return crowned
-
-    def _remeasure(self, pid: str, tag: str) -> dict:
-        """One more evaluation of a program, stored under its own key (a resume re-reads it, nothing is
-        measured twice). As for a candidate's evaluation, only a verdict is stored: after a stop request
-        the run stops here; an evaluator that fails ends the head-to-head (HeadToHeadAborted)."""
-        src = self.rundir.program(pid)
-        key = self.rundir.eval_key(self.eval_context + "\0" + tag, src)
-        result = self.rundir.load_eval(key)
-        if result is None:
-            try:
-                result = self.evaluator.evaluate(src).to_dict()
-            except Exception as exc:   # the evaluator's failure, not the program's: the run stops after this round
-                if self._stopping():
-                    self.stop.interrupt()
-                self.evaluator_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-                self.rundir.event("remeasure", program=pid, tag=tag, status="no_verdict", failed="evaluator",
-                                  message=self.evaluator_error)
-                raise HeadToHeadAborted(self.evaluator_error) from None
-            if self._stopping():   # the signal may have killed its workers: no verdict
-                self.stop.interrupt()
-            result["remeasured_program"] = pid   # not "program_id": it is no candidate's first evaluation
-            self.rundir.store_eval(key, result)
-            d = result.get("details") or {}
-            self.eval_seconds += float(d.get("check_s") or 0) + float(d.get("time_s") or 0)
-        self.remeasured += 1   # stored ones too: the count is the search's, the same after a resume
-        self.rundir.event("remeasure", program=pid, tag=tag, status=result["status"],
-                          message=result.get("message", "")[:300], **ranking.measured(result))
-        return result
 
     def _rescore(self) -> None:
         """Every copy of a program's score follows its confirmed figures; elites are ranked by them; the
@@ -536,8 +419,8 @@ class Search:
                 if self.spend is not None:
                     self.spend.round_started()
                 gens = list(pool.map(self._generation, self.islands))
-                if self.discarded or self.stop.requested():   # never checkpoint a round with a dropped result
-                    self.stop.interrupt()
+                if self.evals.discarded or self.evals.stop.requested():   # never checkpoint a dropped result
+                    self.evals.stop.interrupt()
                 refused = next((g for g in gens if isinstance(g, models.BudgetReached)), None)
                 if refused is not None:   # as after Ctrl-C, the checkpoint stays at the last whole round
                     return f"{refused} (its round was cut short and runs again on resume)"
@@ -548,9 +431,9 @@ class Search:
                     self.checkpoint()
                     return (f"{self.llm_watch.limit} LLM calls in a row failed (last: "
                             f"{self.llm_watch.last_error})")
-                if self.evaluator_error:   # every later candidate would fail the same way
+                if self.evals.error:   # every later candidate would fail the same way
                     self.checkpoint()
-                    return f"the evaluator failed ({self.evaluator_error})"
+                    return f"the evaluator failed ({self.evals.error})"
                 try:
                     if self.round < self.cfg.generations:   # after an island's last generation nothing can change
                         for island in self.islands:
@@ -564,7 +447,7 @@ class Search:
         finally:
             # on Ctrl-C, do not wait for the round in flight: its finished evaluations are stored, and any
             # that finishes from now on is dropped (the evaluator is closed next)
-            self.closed.set()
+            self.evals.closed.set()
             pool.shutdown(wait=False, cancel_futures=True)
         return "all generations done"
 
@@ -581,8 +464,8 @@ class Search:
     def state(self) -> dict:
         return {"version": 1, "round": self.round, "baseline_ms": self.s0, "target_ms": self.target,
                 "islands": [i.to_dict() for i in self.islands], "global_best": self.global_best,
-                "eval_seconds": self.eval_seconds, "eval_counts": self.eval_counts, "drifts": self.drifts,
-                "ledger": self.ledger.to_dict(), "remeasured": self.remeasured, "unusable": self.unusable,
+                "eval_seconds": self.evals.seconds, "eval_counts": self.evals.counts, "drifts": self.evals.drifts,
+                "ledger": self.ledger.to_dict(), "remeasured": self.evals.remeasured, "unusable": self.unusable,
                 "usage": {"main": _usage(self.llm_main), "secondary": _usage(self.llm_cheap)},
                 "llm": self.llm_watch.to_dict(), "wall_s": self.wall_seconds(),
                 "events": self.rundir.events_written, "transcript": self.transcript.lines,
@@ -600,13 +483,13 @@ class Search:
         self.round = state["round"]
         self.islands = [Island.from_dict(d) for d in state["islands"]]
         self.global_best = state["global_best"]
-        self.eval_seconds = state["eval_seconds"]
-        self.eval_counts = state["eval_counts"]
-        self.drifts = state.get("drifts", [])
+        self.evals.seconds, self.evals.counts = state["eval_seconds"], state["eval_counts"]
+        self.evals.drifts = state.get("drifts", [])
         self.ledger = ranking.Ledger.from_dict(self.s0, state.get("ledger", {}), self.ledger.rounds)
         for p in [p for i in self.islands for p in i.elites + [i.best] if p and p.id != REFERENCE]:
             self.ledger.figures.setdefault(p.id, ranking.Figures(self.s0 / p.score).to_dict())   # older checkpoints
-        self.remeasured, self.unusable = state.get("remeasured", 0), collections.Counter(state.get("unusable", {}))
+        self.evals.remeasured = state.get("remeasured", 0)
+        self.unusable = collections.Counter(state.get("unusable", {}))
         self.llm_watch.restore(state.get("llm", {}))
         if hasattr(self.llm_main, "credit"):   # the bandit's statistics, for the models still in --model
             self.llm_main.restore(state.get("models"))
@@ -628,7 +511,7 @@ class Search:
             self.out(line)
 
     def _progress(self, island: Island, gen, score: float | None, cost: dict) -> None:
-        result = console.generation_result(gen, score, self.s0, _llm_failures(gen.events),
+        result = console.generation_result(gen, score, self.s0, llm_check.failed_classes(gen.events),
                                            shown=self._metric_text(gen.program_id) if score else None)
         best = island.momentum.best
         glob = max(1.0, self.global_best["speedup"] if self.global_best else 1.0)   # the reference is 1.00x
@@ -638,32 +521,8 @@ class Search:
                   + console.spend_note(self.spend, cost, len(getattr(self.llm_main, "clients", ())) > 1))
 
 
-class HeadToHeadAborted(Exception):
-    """The evaluator failed during a head-to-head: it decides nothing (the run stops after the round)."""
-
-
-class EvaluationDiscarded(Exception):
-    """An evaluation that ended after the run was asked to stop: no verdict, never stored."""
-
-
-def _positive(x) -> bool:
-    """A usable runtime or score: a finite number above zero (NaN, inf, 0 and None are not)."""
-    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
-
-
 def _usage(client) -> dict:
     return dict(getattr(client, "usage", {}) or {}) if client is not None else {}
-
-
-def _llm_failures(notes: list[str]) -> list[str]:
-    """The error classes of the LLM calls that failed in one generation (from HCM's notes)."""
-    return re.findall(r"LLM call failed \([^)]*\): (\w+)", "\n".join(notes))
-
-
-def _tolerance_key(cfg: Config) -> list[str]:
-    """Evaluations judged under overridden tolerances are cached apart from the task's own."""
-    given = [(n, getattr(cfg, n)) for n in ("rtol", "atol", "l2_tol") if getattr(cfg, n) is not None]
-    return [json.dumps(given)] if given else []
 
 
 def write_html_report(path: Path) -> None:
@@ -744,7 +603,7 @@ def _close(search: Search, why: str, s: startup.Start) -> int:
     """The end of a run: report.md and report.html, the last lines, the exit code."""
     report = report_md.write_report(search, why)
     write_html_report(s.rd.path)
-    cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evaluator_error else ""
+    cause = "llm" if search.llm_watch.tripped else "evaluator" if search.evals.error else ""
     gb = search.global_best
     done, fix = console.final_lines(why, cause, gb, search.s0, s.rd.path, report,
                                     shown=search._metric_text(gb["program"]) if gb else None)
@@ -752,7 +611,7 @@ def _close(search: Search, why: str, s: startup.Start) -> int:
     if why.startswith("dollar budget reached"):
         print(f"run.py: {startup.go_on(s.rd.path, search.spend)}")
     if s.recording:
-        print(f"replay: {search.evaluator.replay_summary()}")
+        print(f"replay: {search.evals.evaluator.replay_summary()}")
     if fix:
         print(fix, file=sys.stderr)
     return {"llm": EXIT_LLM_FAILURES, "evaluator": EXIT_EVALUATOR_FAILED}.get(cause, 0)

@@ -9,6 +9,7 @@
     models.py             several models per role, prices (prices.txt), the spend and --budget-usd
     transcript.py         transcript.jsonl: every LLM call kept; `python -m driver.transcript DIR [N]`
     replay.py             `run.py --replay DIR`: a recorded search again, replies from its transcript
+    evaluations.py        each program evaluated once, stored as it finishes, only verdicts kept
     ranking.py            the confirmed ranking: when a noisy measurement may crown a new best
     prompt_background.py  the prompts' background: the device's measured facts, the contract, the rules
     ray_evaluator.py      --ray: evaluation actors on a Ray cluster, the evaluator's interface

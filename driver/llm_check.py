@@ -4,6 +4,7 @@
     watch = FailureWatch(limit)  # counts LLM failures in a row across all islands
     llm = watch.wrap(client, island)   # what HCM calls; tokens are counted per island
     watch.tripped                # `limit` calls in a row failed: the run stops after this round
+    failed_classes(notes)        # the error classes of a generation's failed calls, from HCM's notes
 
 The client (llm.py) already retries what may heal (connection resets, 429, 5xx) within a call; a call
 that succeeded after retries is a success here. Once the watch has tripped, further calls fail at once
@@ -148,6 +149,11 @@ class _Watched:
     @property
     def usage(self):
         return getattr(self.client, "usage", {})
+
+
+def failed_classes(notes: list[str]) -> list[str]:
+    """The error classes of the LLM calls that failed in one generation, read from HCM's notes."""
+    return re.findall(r"LLM call failed \([^)]*\): (\w+)", "\n".join(notes))
 
 
 def _server_message(err: Exception) -> str:

@@ -54,13 +54,13 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
             lines.append("- tokens per island: " + ", ".join(
                 f"island {k} {v:,}" for k, v in sorted(watch.tokens.items(), key=lambda kv: int(kv[0]))))
     lines.append("- " + unusable_summary(getattr(search, "unusable", {})))
-    lines.append("- evaluations: " + (", ".join(f"{k} {v}" for k, v in sorted(search.eval_counts.items()))
-                                      or "none") + f"; CPU/GPU seconds checking and timing: "
-                                                   f"{search.eval_seconds:.1f}")
-    drift = drift_summary(getattr(search, "drifts", []))
+    evals = search.evals   # driver/evaluations.py
+    lines.append("- evaluations: " + (", ".join(f"{k} {v}" for k, v in sorted(evals.counts.items()))
+                                      or "none") + f"; CPU/GPU seconds checking and timing: {evals.seconds:.1f}")
+    drift = drift_summary(evals.drifts)
     if drift:
         lines.append("- " + drift)
-    replayed = getattr(getattr(search, "evaluator", None), "replay_summary", None)
+    replayed = getattr(evals.evaluator, "replay_summary", None)
     if callable(replayed):
         lines.append(f"- replay of {search.cfg.replay}: {replayed()}")
     cost = report_cost.Cost.load(rd.path)
@@ -69,7 +69,7 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     events = rd.events()
     ledger = getattr(search, "ledger", None)
     lines.append("- " + duel_summary([e for e in events if e.get("type") == "head_to_head"],
-                                     getattr(search, "remeasured", 0), ledger.rounds if ledger else 0))
+                                     evals.remeasured, ledger.rounds if ledger else 0))
     actions = [a for island in search.islands for a in island.actions]
     if actions:
         lines.append("- " + weights_summary(actions))

@@ -247,7 +247,7 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     assert "2.00x ±20% (5 ms vs reference 10 ms beside it)" in best_py.splitlines()[0]
     m_before = island.momentum.best
     lucky = offer(search, 0, "lucky")
-    assert search.evaluator.calls == ["inc", "lucky", "inc", "lucky", "lucky", "inc"]   # a head-to-head, ABBA
+    assert search.evals.evaluator.calls == ["inc", "lucky", "inc", "lucky", "lucky", "inc"]   # a head-to-head, ABBA
     assert island.best.id == inc and search.global_best["program"] == inc             # the title stays
     assert island.momentum.best == m_before == pytest.approx(5.0)                     # no progress counted
     assert [p.id for p in island.elites][:2] == [inc, lucky]                          # ranked by confirmed scores
@@ -255,11 +255,11 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     events = search.rundir.events()
     duel = next(e for e in events if e["type"] == "head_to_head")
     assert duel["challenger"] == lucky and duel["crowned"] is False
-    assert sum(e["type"] == "remeasure" for e in events) == 4 and search.remeasured == 4
+    assert sum(e["type"] == "remeasure" for e in events) == 4 and search.evals.remeasured == 4
     assert sum(e["type"] == "evaluation" for e in events) == 2          # re-measurements are not candidates
     clear = offer(search, 0, "clear")
     assert island.best.id == clear and search.global_best["program"] == clear          # 50% faster: at once
-    assert len(search.evaluator.calls) == 7
+    assert len(search.evals.evaluator.calls) == 7
     assert island.momentum.best == pytest.approx(10.0 / 3.0)
     r_t = [e["r_t"] for e in search.rundir.events() if e["type"] == "generation"]
     assert r_t == [pytest.approx(0.5), 0.0, pytest.approx(1 / 3)]    # R_t: (5 - 3.33) / 5 for the new title
@@ -270,24 +270,24 @@ def test_search_crowns_only_on_evidence_and_every_number_follows_the_confirmed_f
     state = search.state()
     again = scripted_search(tmp_path, {}, 0.2)   # the same run directory, as a resume
     again.restore(state)
-    assert again.ledger.to_dict() == search.ledger.to_dict() and again.remeasured == 4
+    assert again.ledger.to_dict() == search.ledger.to_dict() and again.evals.remeasured == 4
 
 
 def test_an_evaluator_failing_in_a_head_to_head_decides_nothing(tmp_path):
     search = scripted_search(tmp_path, {"inc": [2.0], "close": [2.02]}, 0.20)
     inc = offer(search, 0, "inc")
-    evaluate = search.evaluator.evaluate
+    evaluate = search.evals.evaluator.evaluate
 
     def broken(src):
-        if search.evaluator.calls:      # the candidates' first evaluations went through
-            if len(search.evaluator.calls) >= 2:
+        if search.evals.evaluator.calls:      # the candidates' first evaluations went through
+            if len(search.evals.evaluator.calls) >= 2:
                 raise ConnectionError("the cluster went away")
         return evaluate(src)
 
-    search.evaluator.evaluate = broken
+    search.evals.evaluator.evaluate = broken
     offer(search, 0, "close")
     assert search.islands[0].best.id == inc and search.ledger.duels == {}      # the title stays, nothing kept
-    assert search.evaluator_error.startswith("ConnectionError")                 # the run stops after the round
+    assert search.evals.error.startswith("ConnectionError")                 # the run stops after the round
     failed = [e for e in search.rundir.events() if e["type"] == "remeasure"]
     assert failed and failed[-1]["status"] == "no_verdict"
 
@@ -297,7 +297,7 @@ def test_head_to_head_0_trusts_single_measurements(tmp_path):
     search.ledger.rounds = 0
     offer(search, 0, "inc")
     close = offer(search, 0, "close")
-    assert search.islands[0].best.id == close and search.evaluator.calls == ["inc", "close"]
+    assert search.islands[0].best.id == close and search.evals.evaluator.calls == ["inc", "close"]
 
 
 def test_a_resumed_search_reads_its_re_measurements_back_and_decides_the_same(tmp_path):
@@ -311,14 +311,14 @@ def test_a_resumed_search_reads_its_re_measurements_back_and_decides_the_same(tm
     state = first.state()
     resumed = scripted_search(tmp_path / "first", measurements, 0.20)   # same run directory, fresh evaluator
     resumed.restore(state)
-    resumed.evaluator.calls = list(first.evaluator.calls)
+    resumed.evals.evaluator.calls = list(first.evals.evaluator.calls)
     offer(resumed, 0, "next")
     assert resumed.ledger.to_dict() == whole.ledger.to_dict()
-    assert resumed.islands[0].best.id == whole.islands[0].best.id and resumed.remeasured == whole.remeasured
+    assert resumed.islands[0].best.id == whole.islands[0].best.id and resumed.evals.remeasured == whole.evals.remeasured
     again = scripted_search(tmp_path / "first", measurements, 0.20)    # the last round again, as after a kill
     again.restore(state)
     offer(again, 0, "next")
-    assert again.evaluator.calls == []                # its evaluation and the head-to-head are read back
+    assert again.evals.evaluator.calls == []                # its evaluation and the head-to-head are read back
     assert again.ledger.to_dict() == whole.ledger.to_dict()
 
 
@@ -338,7 +338,7 @@ def test_unknown_noise_means_a_head_to_head_before_any_title_changes_hands(tmp_p
     search = scripted_search(tmp_path, {"inc": [2.0], "better": [3.0]}, None)
     inc = offer(search, 0, "inc")
     better = offer(search, 0, "better")
-    assert search.evaluator.calls == ["inc", "better", "inc", "better", "better", "inc"]
+    assert search.evals.evaluator.calls == ["inc", "better", "inc", "better", "better", "inc"]
     assert search.islands[0].best.id == better != inc
     search.checkpoint()
     assert "noise not measured" in (search.rundir.path / "best.py").read_text().splitlines()[0]
@@ -352,7 +352,7 @@ def test_the_run_best_is_confirmed_against_the_run_best_not_only_the_island_best
     c = offer(search, 1, "c")                                # beats b at once (3.05 vs 2.0) ...
     assert search.islands[1].best.id == c
     assert search.global_best["program"] == a                # ... but loses to a in the head-to-head
-    assert search.evaluator.calls[3:] == ["a", "c", "c", "a"]
+    assert search.evals.evaluator.calls[3:] == ["a", "c", "c", "a"]
     search.checkpoint()
     assert "program " + a in (search.rundir.path / "best.py").read_text().splitlines()[1]
 

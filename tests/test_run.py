@@ -307,13 +307,12 @@ def test_help_explains_every_option():
 def test_score_is_s0_over_the_paired_speedup():
     """A candidate's score is its runtime at the run's reference conditions: s_0 / the speedup measured
     against the reference timed beside it, so a machine that got busier since the start moves nothing."""
-    import types
-    import run as run_module
-    search = types.SimpleNamespace(s0=2.0)
+    from driver.evaluations import score
     busier = {"status": "ok", "runtime_ms": 1.5, "speedup": 2.0}   # everything 50% slower than at the start
-    assert run_module.Search.score(search, busier) == 1.0
-    assert run_module.Search.score(search, {"status": "ok", "runtime_ms": 1.5}) == 1.5   # no pair: its runtime
-    assert run_module.Search.score(search, {"status": "incorrect", "runtime_ms": None}) is None
+    assert score(busier, 2.0) == 1.0
+    assert score({"status": "ok", "runtime_ms": 1.5}, 2.0) == 1.5   # no pair: its runtime
+    assert score({"status": "incorrect", "runtime_ms": None}, 2.0) is None
+    assert score({"status": "ok", "runtime_ms": float("nan"), "speedup": 2.0}, 2.0) is None   # no number: unscored
 
 
 def test_report_states_the_reference_drift():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from driver import cli, llm_check, rundir, startup
+from driver import cli, evaluations, llm_check, rundir, startup
 import llm
 from report import markdown
 import run
@@ -343,8 +343,8 @@ def test_llm_failure_classes_are_read_from_the_generation_notes():
     notes = ["LLM call failed (idea_generation): AuthError: openai HTTP 401: bad key",
              "unusable selection reply: no code block",
              "LLM call failed (classification): TransportError: timed out"]
-    assert run._llm_failures(notes) == ["AuthError", "TransportError"]
-    assert run._llm_failures([]) == []
+    assert llm_check.failed_classes(notes) == ["AuthError", "TransportError"]
+    assert llm_check.failed_classes([]) == []
 
 
 def test_ctrl_c_before_the_run_directory_exists_is_one_line(tmp_path, capsys, monkeypatch):
@@ -375,4 +375,6 @@ def test_tolerances_logs_and_the_problem_folder_reach_the_evaluator(tmp_path, mo
     saved = json.loads((rd.path / "config.json").read_text())["config"]
     assert (saved["rtol"], saved["atol"], saved["l2_tol"]) == (1e-3, None, 2e-4)
     plain = cli.parse_args(["--task", str(problem)])
-    assert run._tolerance_key(plain) == [] and run._tolerance_key(cfg) != []   # cached apart
+    key = evaluations.context(task.reference_src, "cpu", plain)
+    assert key == evaluations.context(task.reference_src, "cpu", plain)
+    assert key != evaluations.context(task.reference_src, "cpu", cfg)   # judged under other tolerances: cached apart

@@ -220,7 +220,7 @@ def test_identical_sources_are_evaluated_once(tmp_path):
     search = make_search(tmp_path, islands=2, seed=8)
     search.llm_main.inner.variants = False      # only 4 distinct programs exist
     advance(search, 6)
-    assert search.evaluator.calls <= len(PROGRAMS)
+    assert search.evals.evaluator.calls <= len(PROGRAMS)
 
 
 def test_token_budget_stops_the_run(tmp_path):
@@ -235,7 +235,7 @@ def test_a_broken_evaluator_stops_the_run_after_its_round(tmp_path):
             raise ConnectionError("the cluster went away")
 
     search = make_search(tmp_path, islands=2, seed=3)
-    search.evaluator = BrokenEvaluator()
+    search.evals.evaluator = BrokenEvaluator()
     why = advance(search, 5)
     assert search.round == 1 and why.startswith("the evaluator failed (ConnectionError: the cluster")
     assert json.loads((search.rundir.path / "checkpoint.json").read_text())["round"] == 1
