@@ -1,99 +1,27 @@
 """Tests for llm.py against a real scripted HTTP server on 127.0.0.1 (tests/http_fixtures.py), never the network.
 
 Each test checks one property the client promises (llm.py's docstring: wire formats, which failures are
-retried and how, the deadline, key redaction, typed errors); a number in a comment is the case it covers in
-the list of provider behaviours the client was written against. Sleeps are injected, so retry tests are
-instant; only the deadline and timeout tests wait, about 1.5 s in all.  Run: python3 -m pytest -q tests/test_llm.py
+retried and how, the deadline, key redaction, typed errors), with replies and errors shaped as each provider
+sends them. Sleeps are injected, so retry tests are instant; only the deadline and timeout tests wait, about
+1.5 s in all. Where the API key comes from and where it never goes: test_llm_keys.py.
+Run: python3 -m pytest -q tests/test_llm.py
 """
 from __future__ import annotations
 
 import email.utils
 import json
-import logging
 import socket
 import time
 
 import pytest
 
 import llm
-from http_fixtures import ScriptedServer
-
-KEY = "sk-test-0123456789abcdef-SECRET"
-PREFIX = {"openai": "/v1", "gemini": "/v1beta", "anthropic": "/v1"}
-MODEL = {"openai": "gpt-4o-mini", "gemini": "gemini-2.5-pro", "anthropic": "claude-sonnet-4-5"}
-PATH = {"openai": "/v1/chat/completions", "gemini": "/v1beta/models/gemini-2.5-pro:generateContent",
-        "anthropic": "/v1/messages"}
+from llm_replies import (ANTHROPIC_529, GEMINI_503, KEY, OPENAI_429, PATH, SUCCESS, anthropic_body, gemini_429,
+                         gemini_body, make, openai_body, server)  # noqa: F401 (server: a fixture)
 
 
-@pytest.fixture
-def server():
-    s = ScriptedServer()
-    yield s
-    s.close()
-
-
-def make(server, provider="openai", **kw):
-    """A client pointed at the test server; its sleeps are recorded in client.sleeps instead of slept."""
-    sleeps: list[float] = []
-    kw.setdefault("api_key", KEY)
-    kw.setdefault("sleep", sleeps.append)
-    client = llm.Client(provider, MODEL[provider], server.url + PREFIX[provider], **kw)
-    client.sleeps = sleeps
-    return client
-
-
-def openai_body(content="Hello!", finish="stop", usage=None, **message):
-    return {"id": "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", "object": "chat.completion", "created": 1741569952,
-            "model": "gpt-4o-mini-2024-07-18",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None,
-                                                 **message}, "logprobs": None, "finish_reason": finish}],
-            "usage": usage if usage is not None else {
-                "prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29,
-                "prompt_tokens_details": {"cached_tokens": 0},
-                "completion_tokens_details": {"reasoning_tokens": 0}}}
-
-
-def gemini_body(parts=({"text": "Hello!"},), finish="STOP", usage=None):
-    content = {"role": "model", "parts": list(parts)} if parts is not None else {"role": "model"}
-    return {"candidates": [{"content": content, "finishReason": finish, "index": 0}],
-            "usageMetadata": usage if usage is not None else {
-                "promptTokenCount": 12, "candidatesTokenCount": 5, "thoughtsTokenCount": 40,
-                "totalTokenCount": 57},
-            "modelVersion": "gemini-2.5-pro", "responseId": "resp-gem-1"}
-
-
-def anthropic_body(content=({"type": "text", "text": "Hello!"},), stop="end_turn", usage=None, **extra):
-    return {"id": "msg_01XFDUDYJgAACzvnptvVoYEL", "type": "message", "role": "assistant",
-            "model": "claude-sonnet-4-5", "content": list(content), "stop_reason": stop, "stop_sequence": None,
-            "usage": usage if usage is not None else {
-                "input_tokens": 20, "output_tokens": 8, "cache_creation_input_tokens": 3,
-                "cache_read_input_tokens": 5},
-            **extra}
-
-
-SUCCESS = {"openai": openai_body, "gemini": gemini_body, "anthropic": anthropic_body}
-OPENAI_429 = {"error": {"message": "Rate limit reached for gpt-4o-mini on requests per min (RPM): Limit 3, "
-                                   "Used 3, Requested 1. Please try again in 20s.",
-                        "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
-ANTHROPIC_529 = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"},
-                 "request_id": "req_011CSHoEeqs5C35K2UUqR7Fy"}
-GEMINI_503 = {"error": {"code": 503, "message": "The model is overloaded. Please try again later.",
-                        "status": "UNAVAILABLE"}}
-
-
-def gemini_429(quota_id="GenerateRequestsPerMinutePerProjectPerModel-FreeTier", delay="38s"):
-    return {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
-                      "message": "You exceeded your current quota, please check your plan and billing details. "
-                                 "Please retry in 38.86s.",
-                      "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
-                                   "violations": [{"quotaMetric": "generativelanguage.googleapis.com/"
-                                                                  "generate_content_free_tier_requests",
-                                                   "quotaId": quota_id}]},
-                                  {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}]}}
-
-
-# ------------------------------------------------------------------------------------- success (cases 1, 7)
-def test_openai_success_returns_content_usage_and_request_id(server):  # case 1
+# -------------------------------------------------------------------------------------------------- success
+def test_openai_success_returns_content_usage_and_request_id(server):
     server.add(200, openai_body("Hello there, how may I assist you today?"), {"x-request-id": "req_abc"})
     client = make(server)
     assert client("hi") == "Hello there, how may I assist you today?"
@@ -134,14 +62,14 @@ def test_anthropic_success_joins_text_blocks_and_counts_cached_input(server):
     ("gemini", gemini_body([{"text": "Gemini thinks", "thought": True}, {"thoughtSignature": "c2ln"},
                             {"text": "42"}]), "Gemini thinks"),
 ])
-def test_reasoning_is_kept_out_of_the_answer(server, provider, body, reasoning):  # case 7
+def test_reasoning_is_kept_out_of_the_answer(server, provider, body, reasoning):
     server.add(200, body)
     client = make(server, provider)
     assert client("q") == "42"
     assert client.last.reasoning == reasoning
 
 
-# ------------------------------------------------------------------------------------- request shape (case 2)
+# ---------------------------------------------------------------------------------------------- request shape
 def test_openai_request_shape(server):
     server.add(200, openai_body())
     client = make(server, temperature=0.7, max_output_tokens=512, reasoning_effort="low")
@@ -215,13 +143,13 @@ def test_anthropic_thinking_budget_drops_temperature(server):
     assert "temperature" not in body
 
 
-# ------------------------------------------------------------------------------ truncation and empty (3-6)
+# ------------------------------------------------------------------------------------ truncation and empty
 @pytest.mark.parametrize("provider,body", [
     ("openai", openai_body("def f(x):\n    return", finish="length")),
     ("gemini", gemini_body([{"text": "def f(x):\n    return"}], finish="MAX_TOKENS")),
     ("anthropic", anthropic_body([{"type": "text", "text": "def f(x):\n    return"}], stop="max_tokens")),
 ])
-def test_truncated_reply_returns_its_text_marked_truncated(server, provider, body):  # case 3
+def test_truncated_reply_returns_its_text_marked_truncated(server, provider, body):
     server.add(200, body)
     client = make(server, provider)
     assert client("q") == "def f(x):\n    return"
@@ -238,7 +166,7 @@ def test_truncated_reply_returns_its_text_marked_truncated(server, provider, bod
         "promptTokenCount": 10, "thoughtsTokenCount": 1021, "totalTokenCount": 1031}), 1021),
 ])
 def test_reasoning_that_used_the_whole_budget_raises_truncated_output(server, provider, body, reasoning_tokens):
-    server.add(200, body)  # case 4
+    server.add(200, body)
     client = make(server, provider)
     with pytest.raises(llm.TruncatedOutput) as info:
         client("q")
@@ -249,9 +177,9 @@ def test_reasoning_that_used_the_whole_budget_raises_truncated_output(server, pr
 
 
 @pytest.mark.parametrize("provider,body", [
-    ("openai", openai_body(None, finish="tool_calls", tool_calls=[  # case 5
+    ("openai", openai_body(None, finish="tool_calls", tool_calls=[
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}])),
-    ("openai", {**openai_body(), "choices": []}),  # case 6
+    ("openai", {**openai_body(), "choices": []}),
     ("anthropic", anthropic_body([], stop="end_turn")),
     ("gemini", {"candidates": [], "usageMetadata": {"promptTokenCount": 3}}),
 ])
@@ -264,9 +192,9 @@ def test_reply_without_answer_text_raises_empty_response(server, provider, body)
     assert len(server.requests) == 1
 
 
-# --------------------------------------------------------------------------------- blocked output (8-10)
+# ---------------------------------------------------------------------------------------- blocked output
 @pytest.mark.parametrize("reason", ["SAFETY", "RECITATION"])
-def test_gemini_blocked_output_raises_content_blocked(server, reason):  # case 8
+def test_gemini_blocked_output_raises_content_blocked(server, reason):
     server.add(200, {"candidates": [{"finishReason": reason, "index": 0,
                                      "safetyRatings": [{"category": "HARM_CATEGORY_HARASSMENT",
                                                         "probability": "HIGH", "blocked": True}]}]})
@@ -277,7 +205,7 @@ def test_gemini_blocked_output_raises_content_blocked(server, reason):  # case 8
     assert len(server.requests) == 1
 
 
-def test_gemini_blocked_prompt_raises_prompt_blocked(server):  # case 9
+def test_gemini_blocked_prompt_raises_prompt_blocked(server):
     server.add(200, {"promptFeedback": {"blockReason": "OTHER"},
                      "usageMetadata": {"promptTokenCount": 7, "totalTokenCount": 7}})
     with pytest.raises(llm.PromptBlocked) as info:
@@ -291,20 +219,20 @@ def test_gemini_blocked_prompt_raises_prompt_blocked(server):  # case 9
     ("anthropic", anthropic_body([], stop="refusal", stop_details={"type": "refusal", "category": "cyber"}),
      "cyber"),
 ])
-def test_filters_and_refusals_raise_content_blocked(server, provider, body, expected):  # case 10
+def test_filters_and_refusals_raise_content_blocked(server, provider, body, expected):
     server.add(200, body)
     with pytest.raises(llm.ContentBlocked, match=expected):
         make(server, provider)("q")
     assert len(server.requests) == 1
 
 
-# ------------------------------------------------------------------------------------ retries (11-15)
+# -------------------------------------------------------------------------------------------- retries
 @pytest.mark.parametrize("headers,expected", [
     ({"retry-after-ms": "250"}, 0.25),
     ({"retry-after": "2"}, 2.0),
     ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),  # the finer header wins
 ])
-def test_rate_limit_hint_is_honoured_then_success(server, headers, expected):  # case 11
+def test_rate_limit_hint_is_honoured_then_success(server, headers, expected):
     server.add(429, OPENAI_429, headers)
     server.add(200, openai_body())
     client = make(server)
@@ -320,7 +248,7 @@ def test_retry_after_http_date_is_honoured(server):
     assert 27 <= client.sleeps[0] <= 31
 
 
-def test_gemini_retry_info_delay_is_honoured(server):  # case 12
+def test_gemini_retry_info_delay_is_honoured(server):
     server.add(429, gemini_429())
     server.add(200, gemini_body())
     client = make(server, "gemini")
@@ -340,7 +268,7 @@ def test_gemini_retry_info_delay_is_honoured(server):  # case 12
                                                    "details": {"error_code": "enforced_spend_limit_reached"}}},
      {}, llm.QuotaExceeded),
 ])
-def test_long_waits_and_exhausted_quotas_fail_fast(server, provider, status, body, headers, cls):  # case 13
+def test_long_waits_and_exhausted_quotas_fail_fast(server, provider, status, body, headers, cls):
     server.add(status, body, headers)
     client = make(server, provider)
     with pytest.raises(cls):
@@ -365,7 +293,7 @@ def test_long_waits_and_exhausted_quotas_fail_fast(server, provider, status, bod
     ("anthropic", 529, ANTHROPIC_529, {}),
     ("gemini", 503, GEMINI_503, {}),
 ])
-def test_transient_errors_are_retried_with_backoff(server, provider, status, body, headers):  # case 14, 18, 19
+def test_transient_errors_are_retried_with_backoff(server, provider, status, body, headers):
     server.add(status, body, headers)
     server.add(200, SUCCESS[provider]())
     client = make(server, provider)
@@ -375,7 +303,7 @@ def test_transient_errors_are_retried_with_backoff(server, provider, status, bod
     assert client.usage["retries"] == 1 and client.usage["failures"] == 0
 
 
-def test_retries_are_exhausted_after_exactly_one_plus_max_retries(server):  # case 15
+def test_retries_are_exhausted_after_exactly_one_plus_max_retries(server):
     for _ in range(3):
         server.add(529, ANTHROPIC_529, {"request-id": "req_011CSHoEeqs5C35K2UUqR7Fy"})
     client = make(server, "anthropic")
@@ -436,12 +364,12 @@ def test_max_retries_zero_makes_one_request(server):
                                "status": "INVALID_ARGUMENT",
                                "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
                                             "reason": "API_KEY_INVALID", "domain": "googleapis.com"}]}},
-     llm.AuthError, "API key not valid"),  # case 17
+     llm.AuthError, "API key not valid"),
     ("gemini", 404, {"error": {"code": 404, "message": "models/gemini-9 is not found for API version v1beta",
                                "status": "NOT_FOUND"}}, llm.ModelNotFound, "gemini-9"),
 ])
 def test_permanent_errors_make_one_request_and_read_the_envelope(server, provider, status, body, cls, fragment):
-    server.add(status, body)  # cases 16-19
+    server.add(status, body)
     client = make(server, provider)
     with pytest.raises(cls) as info:
         client("q")
@@ -476,12 +404,12 @@ def test_a_wait_beyond_the_deadline_fails_fast(server):
     assert client.sleeps == [] and len(server.requests) == 1
 
 
-# ------------------------------------------------------------------------ 2xx that are not answers (20, 21)
+# --------------------------------------------------------------------------------- 2xx that are not answers
 @pytest.mark.parametrize("body,content_type,fragment", [
     ("<html><body>Please log in to the hotel Wi-Fi</body></html>", "text/html", "hotel Wi-Fi"),
     ('{"id": "chatcmpl-1", "choices": [{"message": {"content": "def f', "application/json", "chatcmpl-1"),
 ])
-def test_a_200_that_is_not_json_raises_malformed_response(server, body, content_type, fragment):  # case 20
+def test_a_200_that_is_not_json_raises_malformed_response(server, body, content_type, fragment):
     server.add(200, body, {"Content-Type": content_type})
     server.add(200, body, {"Content-Type": content_type})
     client = make(server, max_retries=1)
@@ -491,7 +419,7 @@ def test_a_200_that_is_not_json_raises_malformed_response(server, body, content_
     assert len(server.requests) == 2
 
 
-def test_error_inside_a_200_is_raised_and_retried_by_its_code(server):  # case 21 (OpenRouter)
+def test_error_inside_a_200_is_raised_and_retried_by_its_code(server):  # as OpenRouter sends it
     server.add(200, {"error": {"code": 502, "message": "Provider returned error", "metadata": {"raw": "boom"}}})
     server.add(200, {**openai_body(), "choices": [{"index": 0, "finish_reason": "error",
                                                    "message": {"role": "assistant", "content": ""},
@@ -508,8 +436,8 @@ def test_error_inside_a_200_with_a_client_code_is_not_retried(server):
     assert info.value.status == 400 and len(server.requests) == 1
 
 
-# ------------------------------------------------------------------------- transport and deadline (22, 23)
-def test_keepalive_newlines_before_the_json_are_ignored(server):  # case 22 (DeepSeek under load)
+# ---------------------------------------------------------------------------------- transport and deadline
+def test_keepalive_newlines_before_the_json_are_ignored(server):  # as DeepSeek sends it under load
     server.add(200, b"\n\n\n" + json.dumps(openai_body("ok")).encode(),
                {"Content-Type": "application/json"})
     assert make(server)("q") == "ok"
@@ -525,7 +453,7 @@ def test_a_server_trickling_newlines_is_stopped_by_the_deadline(server):
     assert len(server.requests) == 1 and client.usage["failures"] == 1
 
 
-def test_a_closed_port_is_a_transport_error_after_retries():  # case 23
+def test_a_closed_port_is_a_transport_error_after_retries():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -550,7 +478,7 @@ def test_a_read_timeout_is_retried(server):
     assert client("q") == "on time" and len(client.sleeps) == 1
 
 
-# --------------------------------------------------------------------------- enums and usage (24, 25)
+# ------------------------------------------------------------------------------------ enums and usage
 @pytest.mark.parametrize("provider,body,raw", [
     ("openai", openai_body("partial", finish="abort"), "abort"),
     ("gemini", gemini_body([{"text": "partial"}], finish="NEW_VALUE"), "NEW_VALUE"),
@@ -590,97 +518,3 @@ def test_usage_accumulates_over_calls_retries_and_failures(server):
         client("c")
     assert client.usage == dict(calls=3, prompt_tokens=43, completion_tokens=27, reasoning_tokens=7,
                                 total_tokens=70, retries=1, failures=1)
-
-
-# ----------------------------------------------------------------------------------- secrets (case 16)
-def test_the_api_key_never_appears_in_errors_repr_or_logs(server, caplog):
-    echo = {"error": {"message": f"Incorrect API key provided: {KEY}", "type": "invalid_request_error"}}
-    server.add(503, {"error": {"message": f"overloaded for key {KEY}"}})
-    server.add(401, echo)
-    client = make(server)
-    with caplog.at_level(logging.DEBUG, logger="llm"), pytest.raises(llm.AuthError) as info:
-        client("q")
-    assert "overloaded for key [redacted]" in caplog.text  # the retry was logged, scrubbed
-    for text in (str(info.value), repr(info.value), info.value.message, repr(client), caplog.text):
-        assert KEY not in text
-    assert "[redacted]" in str(info.value)
-
-
-@pytest.mark.parametrize("key", ["x", "EMPTY", "dummy", "sk-no-key-required"])
-def test_a_placeholder_key_changes_no_reply_and_no_error(server, key):
-    """Local servers are often given "x" or "EMPTY": nothing is a secret then, and every reply reaches the
-    search exactly as sent (a scrubbed "x" once broke "Experiment:" lines)."""
-    text = "Idea: fuse the max and exp.\nChoice: proposal 1\nExperiment: unroll x4; EMPTY dummy blocks stay\n"
-    server.add(200, openai_body(text))
-    server.add(400, {"error": {"message": "max_tokens exceeds the context: x EMPTY dummy", "type": "invalid"}})
-    client = make(server, api_key=key)
-    assert client(text) == text and client.last.text == text
-    with pytest.raises(llm.ProviderError) as info:
-        client("again")
-    assert "max_tokens exceeds the context: x EMPTY dummy" in str(info.value)
-    assert client.redact(f"a {key} b") == f"a {key} b"
-
-
-def test_a_real_key_is_scrubbed_from_errors_but_a_reply_that_holds_it_arrives_whole(server, caplog):
-    reply = f"Experiment: read the key {KEY} from the environment\n"
-    server.add(200, openai_body(reply))
-    client = make(server)
-    assert client("q") == reply                                        # content the search uses: untouched
-    assert client.redact(f"key={KEY}; next") == "key=[redacted]; next"    # what logs and transcripts use
-    assert llm.redact(f"{KEY}{KEY}", KEY) == "[redacted][redacted]"
-    assert llm.redact("sk-test-0123456789", "sk-test-0123456789abcdef") == "sk-test-0123456789"   # no prefix
-
-
-def test_the_transcript_never_holds_a_real_key_though_the_search_gets_the_reply_whole(server, tmp_path):
-    from driver import transcript
-    reply = f"Experiment: read {KEY} from the environment\nx = 1\n"
-    server.add(200, openai_body(reply))
-    client = make(server)
-    book = transcript.Transcript()
-    book.attach(tmp_path)
-    assert book.recorder(client, client, role="main")(f"prompt with {KEY}", purpose="selection") == reply
-    written = (tmp_path / transcript.FILE).read_text()
-    assert KEY not in written and "[redacted]" in written and "x = 1" in written
-
-
-# -------------------------------------------------------------------------------------- configuration
-@pytest.mark.parametrize("model,env,provider,key", [
-    ("gpt-4o", {"OPENAI_API_KEY": "sk-o"}, "openai", "sk-o"),
-    ("o3-mini", {"OPENAI_API_KEY": "sk-o"}, "openai", "sk-o"),
-    ("gemini-2.5-pro", {"GOOGLE_API_KEY": "g-key"}, "gemini", "g-key"),
-    ("gemini-2.5-flash", {"GEMINI_API_KEY": "gem", "GOOGLE_API_KEY": "g-key"}, "gemini", "gem"),
-    ("claude-sonnet-4-5", {"ANTHROPIC_API_KEY": "sk-ant"}, "anthropic", "sk-ant"),
-    ("qwen2.5-coder:32b", {"OPENAI_BASE_URL": "http://localhost:11434/v1"}, "openai", None),
-])
-def test_from_env_picks_the_provider_and_key(monkeypatch, model, env, provider, key):
-    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY", "ANTHROPIC_API_KEY"):
-        monkeypatch.delenv(var, raising=False)
-    for var, value in env.items():
-        monkeypatch.setenv(var, value)
-    client = llm.Client.from_env(model)
-    assert client.provider == provider and client._api_key == key
-    if "OPENAI_BASE_URL" in env:
-        assert client.base_url == env["OPENAI_BASE_URL"]
-
-
-def test_from_env_with_a_base_url_talks_to_a_local_server_without_a_key(server, monkeypatch):
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    server.add(200, openai_body("local"))
-    client = llm.Client.from_env("anthropic/claude-3-haiku", base_url=server.url + "/v1")
-    assert client.provider == "openai" and client("q") == "local"
-    assert "authorization" not in server.requests[0].headers
-
-
-def test_from_env_without_a_key_or_with_an_unknown_model_raises(monkeypatch):
-    for var in ("OPENAI_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
-        monkeypatch.delenv(var, raising=False)
-    with pytest.raises(llm.AuthError, match="GEMINI_API_KEY or GOOGLE_API_KEY"):
-        llm.Client.from_env("gemini-2.5-pro")
-    with pytest.raises(ValueError, match="provider"):
-        llm.Client.from_env("mystery-model")
-
-
-@pytest.mark.parametrize("messages", [[], [{"role": "tool", "content": "x"}], [{"role": "user", "content": None}]])
-def test_malformed_messages_raise_value_error(messages):
-    with pytest.raises(ValueError):
-        llm.Client("openai", "m", "http://127.0.0.1:9/v1").chat(messages)
