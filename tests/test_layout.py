@@ -1,7 +1,9 @@
 """The repository's layout is the one the README states: every top-level entry is in the README's module
 table (and every row names one that exists), the paper's modules at the top import nothing from the
-support folders, no module imports its way back to itself, each folder's front file lists its modules,
-every script is named where the docs say what it backs, and the README reads in one sitting.
+support folders, no module (the evaluator's included) imports its way back to itself, each folder's front
+file lists its modules, every script is named where the docs say what it backs, every slow test is named
+where the README and docs/testing.md leave it out of the default command, and the README reads in one
+sitting.
 
     python -m pytest tests/test_layout.py
 """
@@ -49,18 +51,25 @@ def test_the_papers_modules_import_nothing_from_the_support_folders(module):
 
 
 def test_no_module_imports_its_way_back_to_itself():
-    """The import graph of the top level, driver/ and report/ (imports inside functions too) has no circle."""
-    files = [*REPO.glob("*.py"), *(p for f in FOLDERS for p in (REPO / f).glob("*.py") if p.name != "__init__.py")]
-    names = {str(p.relative_to(REPO).with_suffix("")).replace("/", "."): p for p in files}
+    """The import graph of the top level, driver/, report/ and the evaluator's package (imports inside
+    functions too, relative ones resolved) has no circle."""
+    files = [*REPO.glob("*.py"), *(p for f in (*FOLDERS, "evaluate_kernel") for p in (REPO / f).glob("*.py"))]
+    names = {str(p.relative_to(REPO).with_suffix("")).replace("/", ".").removesuffix(".__init__"): p for p in files}
     graph = {}
     for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found = set()
         for n in ast.walk(ast.parse(path.read_text())):
             if isinstance(n, ast.Import):
                 found |= {a.name for a in n.names}
-            elif isinstance(n, ast.ImportFrom) and n.module:
-                found |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:   # from . import x, from .x import y: within the package
+                    parts = package.split(".")[:len(package.split(".")) - n.level + 1]
+                    base = ".".join(parts + ([n.module] if n.module else []))
+                found |= ({base} if n.module else set()) | {f"{base}.{a.name}" for a in n.names}
         graph[name] = found & set(names) - {name}
+    assert {"evaluate_kernel.evaluation", "driver.evaluations"} <= set(graph) and graph["evaluate_kernel"]
     done: set[str] = set()
 
     def visit(name: str, path: list[str]) -> None:
@@ -87,6 +96,23 @@ def test_every_script_is_named_where_the_docs_say_what_it_backs():
             assert f"scripts/{script.name}" in testing, script.name
             head = script.read_text()[:600]
             assert "BENCHMARKS" in head or "docs/" in head or "README" in head, script.name
+
+
+def test_every_slow_test_is_named_in_the_readme_and_in_docs_testing():
+    """Tests marked `slow` leave the default command: the README's set-up and docs/testing.md say which."""
+    setup = README.split("\n## Set up", 1)[1].split("\n## ", 1)[0]
+    testing = (REPO / "docs" / "testing.md").read_text()
+    slow = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        marks = {ast.unparse(d) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                 for d in n.decorator_list}
+        marks |= {ast.unparse(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)}
+        if "pytest.mark.slow" in marks:
+            slow.append(path.name)
+    assert "test_replay.py" in slow and "test_ray_evaluator.py" in slow
+    assert [name for name in slow if f"`{name}" not in setup or f"`{name}" not in testing] == []
 
 
 def test_the_readme_reads_in_one_sitting():

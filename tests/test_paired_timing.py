@@ -5,7 +5,7 @@ Evaluator evaluates the same honest candidate (the reference's function in funct
 near 1) five times. On the CPU the parent times each side by its own CPU time (all its threads), read from the
 kernel, in batches that alternate between the candidate and the reference: load that takes the core from
 either side adds nothing to that side's clock, and what is left (caches shared with the busy process) moves
-both sides of every pair alike. The bound is the issue's: five speedups within 5% of each other.
+both sides of every pair alike. The bound: five speedups within 5% of each other.
 """
 from __future__ import annotations
 
