@@ -82,7 +82,7 @@ class HCMConfig:
 @dataclass
 class TaskContext:
     name: str
-    background: str               # device, contract, rules: e.g. background.kernel_background(...)
+    background: str               # device, contract, rules (run.py writes it with driver/prompt_background.py)
     direction: str = "score = runtime in ms, lower is better"
     reference: str = ""           # the reference program (the function to reproduce), shown once per prompt
     brief: str = ""               # short background for the planning prompts (default: background)

@@ -1,8 +1,8 @@
 """The background section of a kernel task's prompts: the device as measured, the KernelBench contract and
 the evaluator's rules, written for the device the candidates actually run on.
 
-    facts = background.device_facts(evaluator, device)      # gathered once: a plain dict
-    text = background.kernel_background(facts, task.description)
+    facts = prompt_background.device_facts(evaluator, device)      # gathered once: a plain dict
+    text = prompt_background.kernel_background(facts, task.description)
 
 `device_facts` reads the machine: for a GPU the evaluator's measured device info (name, SMs, memory,
 bandwidth when measured, L2, compute capability); for the CPU the threads the evaluator times with, the

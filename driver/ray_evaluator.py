@@ -77,7 +77,7 @@ class _Slot:
 
 @dataclass
 class _Options:
-    cpu_threads: int = 1            # what background.device_facts reads from a local Evaluator's opts
+    cpu_threads: int = 1            # what prompt_background.device_facts reads from a local Evaluator's opts
 
 
 @dataclass
@@ -249,7 +249,7 @@ class RayEvaluator:
                 continue
             model = str(info["device_info"].get("device_name"))
             if self.model is not None and model != self.model:
-                logging.warning("ray_eval: a replacement actor landed on a %s, not a %s: dropped", model,
+                logging.warning("ray_evaluator: a replacement actor landed on a %s, not a %s: dropped", model,
                                 self.model)
                 with self._lock:
                     self.slots = [s for s in self.slots if s is not slot]
@@ -267,7 +267,7 @@ class RayEvaluator:
             self.stats.deaths.append(why)
             if len(self.stats.deaths) > 10 * max(1, len(self.slots)) + 10:
                 self.slots = [s for s in self.slots if s is not slot]
-                logging.warning("ray_eval: evaluation actors keep dying; not replacing %s (%s)", slot.name, why)
+                logging.warning("ray_evaluator: evaluation actors keep dying; not replacing %s (%s)", slot.name, why)
                 return
             fresh = self._start(slot.index)
             self.slots = [fresh if s is slot else s for s in self.slots]

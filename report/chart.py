@@ -1,6 +1,6 @@
 """The chart of report.html, as hand-written SVG: the search of paper §3 over its generations.
 
-    report_chart.svg(run) -> str          run: report_data.Run
+    chart.svg(run) -> str          run: report.data.Run
 
 Three panels share the generation axis. Top: the speedup s_0 / runtime of every correct candidate (a dot,
 coloured by island, linking to the candidate), the best so far per island (a step line; coinciding lines

@@ -1,7 +1,7 @@
 """A run directory read back for report.html: config.json, checkpoint.json, events.jsonl, evals/ and
 candidates/, joined into one picture of the search (paper §3, Algorithms 1 and 2).
 
-    run = report_data.load(Path("runs/conv_groupnorm-20260101-120000"))
+    run = data.load(Path("runs/conv_groupnorm-20260101-120000"))   # from report import data
     run.generations, run.actions, run.candidates, run.islands, run.past_ideas(i), run.lineage(pid)
 
 It works for a finished, running or killed run: every file may be missing or a line short, and event

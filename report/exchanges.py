@@ -1,7 +1,7 @@
 """report.html's LLM exchanges: the transcript (driver/transcript.py) as a section of the page, and the links
 into it.
 
-    x = Exchanges(run, cards, prog_link)    # run: report_data.Run; cards: candidate ids shown with their source
+    x = Exchanges(run, cards, prog_link)    # run: report.data.Run; cards: candidate ids shown with their source
     x.section()                             # calls and tokens per purpose, then every call on the page, folded
     x.call_link(call), x.calls_link(island, generation, text), x.idea_links(island, idea_id)
 
