@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 REFERENCE = (REPO / "tests" / "candidates_cpu" / "reference_small.py").read_text()
 CANDIDATE = (REPO / "tests" / "candidates_cpu" / "honest_torch.py").read_text()
 
-# A first use of each unit from its copy, beyond the import; each prints "ok" at the end.
+# A first use of each unit from its copy, beyond the import (the LLM client answers a call from a local HTTP
+# server, HCM runs a whole generation on a scripted LLM); each prints "ok" at the end.
 USE = {
     "momentum": "import momentum, random\n"
                 "m = momentum.Momentum(10.0, 0.0, threshold=0.5)\n"
@@ -29,15 +30,31 @@ USE = {
     "crossover": "import crossover, random\n"
                  "w = crossover.action_weights(0.2, {1: 0.6})\n"
                  "assert w[1] > 0 and crossover.choose_action(0.2, {1: 0.6}, random.Random(0)) in w\n",
-    "LLM client": "import llm\n"
-                  "client = llm.Client('openai', 'some-model', base_url='http://127.0.0.1:9/v1', api_key='x')\n"
-                  "assert callable(client) and client.usage is not None\n",
+    "LLM client": "import http.server, json, llm, threading\n"
+                  "class Reply(http.server.BaseHTTPRequestHandler):\n"
+                  "    def do_POST(self):\n"
+                  "        self.rfile.read(int(self.headers['Content-Length']))\n"
+                  "        body = json.dumps({'choices': [{'message': {'content': 'pong'}, 'finish_reason': 'stop'}],\n"
+                  "                           'usage': {'prompt_tokens': 3, 'completion_tokens': 1}}).encode()\n"
+                  "        self.send_response(200); self.send_header('Content-Type', 'application/json')\n"
+                  "        self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n"
+                  "    def log_message(self, *args): pass\n"
+                  "server = http.server.HTTPServer(('127.0.0.1', 0), Reply)\n"
+                  "threading.Thread(target=server.serve_forever, daemon=True).start()\n"
+                  "url = f'http://127.0.0.1:{server.server_port}/v1'\n"
+                  "client = llm.Client('openai', 'some-model', base_url=url, api_key='x')\n"
+                  "assert client('ping') == 'pong' and client.usage['prompt_tokens'] == 3, client.usage\n",
     "HCM": "import hcm\n"
-           "pool, log = hcm.IdeaPool(), hcm.GlobalLog()\n"
+           "replies = iter(['**Idea 1**\\nIdea: Fuse the tail.\\nReasoning: one pass.\\n\\nChoice: proposal 1\\n'\n"
+           "                'Experiment: one block per row\\n',\n"
+           "                '```python\\nimport torch\\nclass ModelNew(torch.nn.Module):\\n    pass\\n```\\n'])\n"
+           "pool, log, seen = hcm.IdeaPool(), hcm.GlobalLog(), []\n"
            "task = hcm.TaskContext(name='t', background='a CPU', reference='class Model: pass')\n"
            "r = hcm.run_generation(pool, log, task=task, parent=hcm.Parent(source='class Model: pass'),\n"
-           "                       llm=lambda prompt: 'no answer in the format', execute=None)\n"
-           "assert r.status == 'no_ideas' and r.llm_calls == 2, r\n"
+           "                       llm=lambda prompt: next(replies),\n"
+           "                       execute=lambda src: seen.append(src) or hcm.Outcome('ok', 1.5, '1.5 ms'))\n"
+           "assert r.status == 'evaluated' and r.llm_calls == 2 and len(seen) == 1, r\n"
+           "assert pool.ideas[0].hypotheses[0].experiment == 'one block per row'\n"
            "assert hcm.IdeaPool.from_dict(pool.to_dict()).to_dict() == pool.to_dict()\n",
     "evaluator": "from evaluate_kernel import Evaluator, evaluate, EvalResult, STATUSES\n"
                  "assert 'ok' in STATUSES\n",
