@@ -7,13 +7,21 @@ small-call one (a 10 us softmax's work moved into the draw). No builds: about 3 
 
     python3 scripts/gpu_diag.py [softmax@v0] [conv_groupnorm] [cheat]
 """
-import os, re, sys, time, statistics as st
+import argparse, os, re, sys, time, statistics as st
+STEPS = ("softmax@v0", "conv_groupnorm", "cheat")
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("steps", nargs="*", metavar="STEP", help=f"any of {', '.join(STEPS)} (default: all)")
+which = ap.parse_args().steps or list(STEPS)
+if set(which) - set(STEPS):
+    ap.error(f"unknown step {sorted(set(which) - set(STEPS))[0]!r}: the steps are {', '.join(STEPS)}")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import torch
 import evaluate_kernel as ek, tasks
+if not torch.cuda.is_available():
+    sys.exit(f"gpu_diag.py: needs a CUDA GPU, and PyTorch sees none (torch {torch.__version__})")
 
 def phases(r):
     t = r.details.get("timing") or {}
@@ -32,7 +40,6 @@ def line(tag, r):
           f"{(r.details.get('timing') or {}).get('pairs')} time_s {r.details.get('time_s')} {phases(r)} | {r.message[:120]}", flush=True)
 
 import bench_agreement as ba
-which = sys.argv[1:] or ["softmax@v0", "conv_groupnorm", "cheat"]
 for name in [w for w in which if w != "cheat"]:
     t0 = time.time()
     task = tasks.get(name)

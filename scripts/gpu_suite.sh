@@ -12,6 +12,7 @@
 #   multi   on a machine with 2+ GPUs: the 2-GPU test and bench_eval's throughput rounds
 # Results: OUTDIR/*.log and *.md.
 set -u
+case ${1:-} in -h|--help) sed -n '2,/^# Results/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 OUT=${1:-${OUT:-runs/gpu_suite}}
 shift || true
 STAGES=${*:-tests bench agree build multi}
