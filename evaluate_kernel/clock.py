@@ -28,7 +28,8 @@ calls. Crediting shorter phases down to the reference's shortest paid a faster h
 spread: 1.15x.) cost_ms = that / n.
 
 The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads),
-read by the parent from the kernel, so a busy neighbour that takes the core adds nothing (the runner may
+read by the parent from the kernel with the worker stopped (a running thread's time is brought up to
+date only at scheduler events), so a busy neighbour that takes the core adds nothing (the runner may
 not start processes there: confine.py).
 
 Batches alternate r0 c0 r1 c1 ... c(k-1) rk; candidate batch i sits between reference batches i and i+1

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
-from .common import EvalResult, EvaluatorError, Options, _move, scrubbed_env, source_hash
+from .common import EvalResult, EvaluatorError, Options, _move, lock_path, scrubbed_env, source_hash
 from .device import Device, _cuda_count
 from .protocol import Worker
 from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
@@ -77,11 +77,13 @@ class Evaluator:
         problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
         self._key_dir = os.path.abspath(key_dir or default_key_dir())
         # Read-only for candidates: the code they run, the Python installation, the import directories, the
-        # project this package sits in (a candidate must not rewrite the search that runs it) and the home
-        # directory (startup files); the cache, bound writable first, stays writable inside them.
+        # project this package sits in (a candidate must not rewrite the search that runs it), the home
+        # directory (startup files) and the machine's lock files; the cache, bound writable first, stays
+        # writable inside them.
         home = os.path.expanduser("~")
+        locks = os.path.dirname(lock_path("pch.lock"))
         read_only = [self._code.import_dir, self._code.source_dir, os.path.dirname(self._code.source_dir),
-                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else [])]
+                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else []), locks]
         if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
@@ -290,7 +292,7 @@ class Evaluator:
 
     def build_config(self) -> dict:
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
-                "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock"),  # guards torch's install dir
+                "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
                 "light_headers": self.opts.light_headers, "nvcc": self._fast_nvcc}
 
     def extension_env(self, h: str) -> dict[str, str]:
