@@ -32,7 +32,7 @@ class EvalResult:
     correct: bool = False
     runtime_ms: float | None = None
     baseline_ms: float | None = None
-    speedup: float | None = None  # baseline_ms / runtime_ms
+    speedup: float | None = None  # median of paired batch ratios, about baseline_ms / runtime_ms
     message: str = ""  # feedback for the LLM (short, specific)
     details: dict = field(default_factory=dict)
 
