@@ -1,9 +1,15 @@
-"""Per-batch phases of honest small-call evaluations on a GPU, dumped for study (softmax@v0, its twin)."""
-import json, os, re, sys, time
+"""Every batch's steps of four evaluations of softmax@v0's honest twin on a GPU (~10 us a call), written to
+OUTDIR/noise.json: where a small call's interval comes from (BENCHMARKS.md, session 11). About 1 minute.
+
+    python3 scripts/gpu_noise_dump.py OUTDIR
+"""
+import argparse, json, os, re, sys, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import evaluate_kernel as ek, tasks
-out = sys.argv[1]
+ap = argparse.ArgumentParser(description="Every batch's steps of four evaluations of softmax@v0's honest twin on a GPU.")
+ap.add_argument("outdir")
+out = ap.parse_args().outdir
 task = tasks.get("softmax@v0")
 twin = re.sub(r"\bModel\b", "ModelNew", task.reference_src)
 dump = []
