@@ -747,3 +747,23 @@ def _marked(marks: list[str]) -> list[int]:
             if any(m.encode() in env for m in marks):
                 found.append(int(entry))
     return found
+
+
+@pytest.mark.slow   # a minute: four Evaluators' start-ups and one C++ build on two cores
+def test_evaluators_sharing_a_cache_build_a_source_once(tmp_path):
+    """Four Evaluators on one cache directory at once, all given the same C++ candidate: one builds it, the
+    others wait for the build's file lock and load it (its signed marker holds), and no build reads as
+    tampered with (a second build of the same source had rewritten the first one's libraries)."""
+    from concurrent.futures import ThreadPoolExecutor
+    cache = str(tmp_path / "shared")
+    evs = [ek.Evaluator(REF, device="cpu", cache_dir=cache, max_pairs=3, timing_s=0.5) for _ in range(4)]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda e: e.evaluate(HONEST_CPP), evs))
+    finally:
+        for e in evs:
+            e.close()
+    assert all(r.status == "ok" for r in results), [r.message for r in results]
+    assert not any("tamper" in r.details.get("build_note", "") for r in results), [r.details.get("build_note") for r in results]
+    if evs[0].isolation == "pid+mount namespace":   # markers are signed only there
+        assert sum(bool(r.details.get("build_cached")) for r in results) == 3, [r.details.get("compile_s") for r in results]
