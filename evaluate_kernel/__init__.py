@@ -25,7 +25,9 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   runs, and on a GPU the device must be idle (the wait is charged to the candidate) first.
 - The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
   before any candidate code: confine.py); on the CPU it may not start processes, on a GPU those it starts
-  are killed and reject it. In the namespace the project and the home directory are read-only to it.
+  are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's
+  time lags by up to a scheduler tick). In the namespace the project, the home directory and the
+  machine's lock files are read-only to it, and it holds no capability (no remount, no file handles).
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
   namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).

@@ -15,7 +15,7 @@ import shlex
 import sys
 from typing import Any
 
-from .common import _read, _remove
+from .common import _read, _remove, open_lock
 
 def arch_list_for(capability: tuple[int, int]) -> str:
     # Build SASS only for the GPU present, no PTX: one device pass less, nothing to JIT at load time.
@@ -211,7 +211,7 @@ def _built_under_another_name(root: str, anonymous: str) -> tuple[str, str] | No
 def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
     # The precompiled torch/extension.h lives inside torch's install dir and is shared: build it under a
     # file lock so concurrent builders never read a half-written header.
-    with open(lock_path, "w") as lock:
+    with open_lock(lock_path) as lock:   # made by the parent; read-only in the namespace
         fcntl.flock(lock, fcntl.LOCK_EX)
         ce._check_and_build_extension_h_precompiler_headers(cflags, None)
 

@@ -15,6 +15,7 @@ A batch's cost is its calls plus, for each bookkeeping phase, the phase's deviat
 median plus how much longer that median is than the reference's (never shorter):
 
     cost = calls + sum over phases of (phase - median of the side) + max(0, median of the side - median of the reference)
+    (never below half the calls: see cost_ms)
 
 So work moved out of the calls into drawing, settling, digesting or a tail on the GPU is charged in full:
 in every batch (its median moves) or in the batches it went to (their deviation). A side whose
@@ -28,7 +29,8 @@ calls. Crediting shorter phases down to the reference's shortest paid a faster h
 spread: 1.15x.) cost_ms = that / n.
 
 The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads),
-read by the parent from the kernel, so a busy neighbour that takes the core adds nothing (the runner may
+read by the parent from the kernel with the worker stopped (a running thread's time is brought up to
+date only at scheduler events), so a busy neighbour that takes the core adds nothing (the runner may
 not start processes there: confine.py).
 
 Batches alternate r0 c0 r1 c1 ... c(k-1) rk; candidate batch i sits between reference batches i and i+1
@@ -80,9 +82,13 @@ def typical(batches: list[Batch]) -> dict[str, float]:
 
 def cost_ms(b: Batch, own: dict[str, float], ref: dict[str, float]) -> float:
     """A batch's cost per call: its calls, each phase's deviation from its side's median (own), and the
-    amount by which that median exceeds the reference's (ref), never less than zero."""
+    amount by which that median exceeds the reference's (ref), never less than zero. Never less than
+    half the batch's calls either: where bookkeeping takes several times the calls (a 10 us call on a
+    GPU), a batch whose bookkeeping ran unusually fast would otherwise cost nothing or less, and a ratio
+    of such costs is no speedup (an honest candidate was rejected for it). The floor only raises costs,
+    on both sides alike."""
     extra = sum(getattr(b, p) - own[p] + max(0.0, own[p] - ref[p]) for p in BOOKKEEPING)
-    return (b.calls + extra) / b.n * 1e3
+    return max(b.calls + extra, b.calls / 2) / b.n * 1e3
 
 
 def figures(refs: list[Batch], cands: list[Batch], skip: int = 1) -> Figures | None:

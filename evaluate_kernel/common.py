@@ -32,7 +32,7 @@ class EvalResult:
     correct: bool = False
     runtime_ms: float | None = None
     baseline_ms: float | None = None
-    speedup: float | None = None  # baseline_ms / runtime_ms
+    speedup: float | None = None  # median of paired batch ratios, about baseline_ms / runtime_ms
     message: str = ""  # feedback for the LLM (short, specific)
     details: dict = field(default_factory=dict)
 
@@ -330,3 +330,48 @@ def _move(src: str, dst: str) -> None:
     except OSError:
         pass
 
+
+
+# ======================================================================================================
+# Machine-wide file locks
+# ======================================================================================================
+
+
+def lock_path(name: str) -> str:
+    """A machine-wide lock file (a GPU's turn, torch's shared precompiled header). The locks live in a
+    directory of their own, created here, which the namespace mounts read-only: a candidate can neither
+    take a lock away nor put a directory, a FIFO or a fresh file in its place (every later evaluation on
+    the machine would crash, hang or stop waiting for its turn)."""
+    import tempfile
+    d = os.path.join(tempfile.gettempdir(), "pacevolve-locks")
+    try:
+        os.mkdir(d, 0o777)
+        os.chmod(d, 0o1777)   # shared by every user's evaluators, like /tmp itself
+    except FileExistsError:
+        pass
+    path = os.path.join(d, name)
+    open_lock(path, create=True).close()
+    return path
+
+
+def open_lock(path: str, create: bool = False):
+    """The lock file, open for flock (read-only: a read-only mount is enough); never a directory, FIFO or
+    link left in its place: with create, such a thing is set aside and a plain file made, else OSError."""
+    import stat
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as e:
+            if not create or not os.path.lexists(path):
+                raise
+            bad = e
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return os.fdopen(fd, "rb")
+            os.close(fd)
+            bad = OSError(f"{path} is not a plain file")
+            if not create:
+                raise bad
+        os.replace(path, f"{path}.not-a-lock-{os.getpid()}-{os.urandom(4).hex()}")
+    raise bad

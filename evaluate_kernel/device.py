@@ -10,9 +10,9 @@ import math
 import os
 import secrets
 import signal
-import tempfile
 import threading
 
+from .common import lock_path, open_lock
 from .protocol import Worker
 
 class Device:
@@ -194,7 +194,7 @@ def physical_gpu(index: int) -> str:
 
 def gpu_lock_path(device: str, physical: str) -> str:
     """An fcntl lock per physical GPU, so two evaluator processes on one machine also take turns."""
-    return os.path.join(tempfile.gettempdir(), f"pacevolve-{device}{physical}.lock")
+    return lock_path(f"{device}{physical}.lock")
 
 class NullCtx:
     def __enter__(self):
@@ -209,7 +209,7 @@ class FileLock:
         self.path = path
 
     def __enter__(self):
-        self.f = open(self.path, "a")
+        self.f = open_lock(self.path, create=True)
         fcntl.flock(self.f, fcntl.LOCK_EX)
         return self
 

@@ -13,6 +13,7 @@ a device slot or an evaluation needs from the Evaluator is a public method below
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import secrets
 import shutil
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
-from .common import EvalResult, EvaluatorError, Options, _move, scrubbed_env, source_hash
+from .common import EvalResult, EvaluatorError, Options, _move, lock_path, open_lock, scrubbed_env, source_hash
 from .device import Device, _cuda_count
 from .protocol import Worker
 from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
@@ -77,11 +78,13 @@ class Evaluator:
         problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
         self._key_dir = os.path.abspath(key_dir or default_key_dir())
         # Read-only for candidates: the code they run, the Python installation, the import directories, the
-        # project this package sits in (a candidate must not rewrite the search that runs it) and the home
-        # directory (startup files); the cache, bound writable first, stays writable inside them.
+        # project this package sits in (a candidate must not rewrite the search that runs it), the home
+        # directory (startup files) and the machine's lock files; the cache, bound writable first, stays
+        # writable inside them.
         home = os.path.expanduser("~")
+        locks = os.path.dirname(lock_path("pch.lock"))
         read_only = [self._code.import_dir, self._code.source_dir, os.path.dirname(self._code.source_dir),
-                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else [])]
+                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else []), locks]
         if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
@@ -290,7 +293,7 @@ class Evaluator:
 
     def build_config(self) -> dict:
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
-                "pch_lock": os.path.join(tempfile.gettempdir(), "pacevolve-pch.lock"),  # guards torch's install dir
+                "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
                 "light_headers": self.opts.light_headers, "nvcc": self._fast_nvcc}
 
     def extension_env(self, h: str) -> dict[str, str]:
@@ -384,11 +387,18 @@ class Evaluator:
         marker = os.path.join(self.cache_dir, "ext", h[:16], "BUILT")
         with self._state_lock:
             lock = self._build_locks.setdefault(h, threading.Lock())
-        with lock:  # identical sources build once, even when submitted concurrently
+        os.makedirs(os.path.join(self.cache_dir, "ext"), exist_ok=True)
+        # Identical sources build once, even when submitted concurrently: to this Evaluator (the thread lock)
+        # or to others sharing the cache, in this process or another (the file lock beside the build).
+        with lock, open_lock(os.path.join(self.cache_dir, "ext", h[:16] + ".lock"), create=True) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
             if os.path.exists(marker):
-                # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says.
-                trusted = self._built.get(h) or (self._seal.opened(h, _read_text(marker)) if self._seal else "")
-                if trusted and library_digest(os.path.dirname(marker)) == trusted:
+                # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says
+                # (another Evaluator built it again meanwhile: its libraries' bytes differ, its seal holds).
+                made = self._built.get(h, "")
+                signed = self._seal.opened(h, _read_text(marker)) if self._seal else ""
+                trusted = made or signed
+                if trusted and library_digest(os.path.dirname(marker)) in (made, signed):
                     details["compile_s"] = 0.0
                     details["build_cached"] = True
                     return None

@@ -14,40 +14,44 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | any    | ->  | role=build     | candidate_src, build, env, cpus          | exec the candidate with no GPU           |
 | build  | <-  | built          | compile_s, has_model, calls, headers     | module imported; libraries built         |
 | build  | <-  | compile_error  | error, compile_s                         | a load_inline call failed                |
-| any    | ->  | role=run       | mode, candidate_src, trials, timing, ... | import the candidate, run the trials     |
-| runner | <-  | outputs        | path, names, flags, marks                | trial outputs saved to path              |
-| runner | <-  | error/rejected | where, error, flags                      | import, forward or timing failed         |
-| runner | ->  | cmd=time       | seed                                     | timing starts; the seed of its inputs    |
-| runner | <-  | block          |                                          | a block of event calls done; it waits    |
-| runner | ->  | cmd=next       |                                          | the next block (after one of the ref's)  |
-| runner | <-  | timed          | samples, tails, steady_ms, digests, ...  | event and steady phases done; digests    |
-|        |     |                |                                          | commit every timed call's outputs        |
-| runner | ->  | cmd=go         | seed, sets, chosen                       | one host round: N calls back to back;    |
-|        |     |                |                                          | chosen: the last round's call to keep    |
-| runner | <-  | round          | digests                                  | the round's calls are done (parent clock)|
-| runner | ->  | cmd=reveal     | calls                                    | which committed calls to ship            |
-| runner | <-  | shipped        | path                                     | those outputs saved to path              |
+| any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
+| runner | <-  | outputs        | path, unmapped, marks, confined          | trial outputs saved to path              |
+| runner | <-  | error/rejected | where, error                             | import, forward or timing failed         |
+| runner | ->  | cmd=draw       | seed, n, batch                           | n input sets for the next batch          |
+| runner | <-  | drawn          |                                          | (every step timed by the parent: clock.py|
+| runner | ->  | cmd=go         |                                          | n calls back to back, one synchronise    |
+| runner | <-  | done           |                                          |                                          |
+| runner | ->  | cmd=digest     |                                          | commit to every output of the batch      |
+| runner | <-  | digests        | digests (one int per call)               |                                          |
+| runner | ->  | cmd=ship       | path, calls                              | the chosen calls' outputs to path        |
+| runner | <-  | shipped        |                                          | (untimed; the runner is stopped after)   |
 | any    | ->  | role=ref       | device, reference_src                    | start the reference worker               |
 | ref    | <-  | ready          | ref_names, device facts                  | reference loaded                         |
 | ref    | ->  | cmd=prepare    | items                                    | compute reference outputs ahead          |
 | ref    | <-  | prepared       | count                                    |                                          |
 | ref    | ->  | cmd=compare    | path, field, items, tolerances           | compare saved outputs (weights_only)     |
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
-| ref    | ->  | cmd=time       | seed, timing, cpus                       | one block of the reference's paired      |
-|        |     |                |                                          | timing, on the runner's cores            |
-| ref    | <-  | ref_timed      | samples, plain_samples, steady_ms        |                                          |
-| ref    | ->  | cmd=pin        | cpus (or null)                           | onto the runner's cores for the rounds   |
+| ref    | ->  | cmd=timing     | cpus                                     | a timing starts: fresh batches, on the   |
+| ref    | <-  | timing         |                                          | runner's cores                           |
+| ref    | ->  | draw, go,      | as the runner's, draw also keep          | the reference's batch (kept: the calls   |
+|        |     | digest         |                                          | of the runner's batch to be checked)     |
+| ref    | ->  | cmd=check      | path, items, tolerances                  | shipped outputs against the kept ones    |
+| ref    | <-  | checked        | results                                  | and against the committed digests       |
+| ref    | ->  | cmd=pin        | cpus (or null)                           | back to its own cores after a timing     |
 | ref    | <-  | pinned         |                                          |                                          |
-| ref    | ->  | cmd=round      | seed, sets, timing                       | the same host round on the reference     |
-| ref    | <-  | round          | digests                                  | (timed by the parent, between runner's)  |
-| runner | <-  | done           | flags                                    | timing over                              |
+| probe  | ->  | cmd=probe      |                                          | a trivial kernel from a context of its   |
+| probe  | <-  | probed         | ms                                       | own: is the GPU idle?                    |
 | build, runner | <- | end        |                                          | nothing more follows (the launcher of a  |
 |        |     |                |                                          | namespace holds the channel open)        |
 | ref    | ->  | cmd=quit       |                                          |                                          |
+
+A number read from a worker is finite and within 64 bits, or null: a runner's NaN, infinity or 400-digit
+integer fails the type check of its field instead of reaching the parent's arithmetic.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import select
@@ -127,7 +131,7 @@ class Worker:
             while b"\n" in self._buf:
                 line, self._buf = self._buf.split(b"\n", 1)
                 try:
-                    msg = json.loads(line)
+                    msg = loads(line)
                 except (ValueError, RecursionError):  # garbage or a nesting bomb on the pipe: not a message
                     continue
                 if isinstance(msg, dict) and msg.get("nonce") == self.nonce:
@@ -252,3 +256,22 @@ def check_parent(parent_pid: int) -> None:
     if parent_pid and os.getppid() != parent_pid:  # the evaluator died before the child's prctl took effect
         os._exit(0)
 
+
+
+
+def loads(line: bytes | str) -> object:
+    """json.loads, where a number that is not finite or not within 64 bits reads as null (None), which
+    fails every check of a field's type the parent makes before any arithmetic."""
+    return json.loads(line, parse_int=_int64, parse_float=_finite, parse_constant=lambda _: None)
+
+
+def _int64(text: str) -> int | None:
+    if len(text) > 21:
+        return None
+    v = int(text)
+    return v if -(1 << 64) < v < (1 << 64) else None
+
+
+def _finite(text: str) -> float | None:
+    v = float(text)
+    return v if math.isfinite(v) else None

@@ -14,8 +14,9 @@
   VM), builder and runner start inside a new PID and mount namespace. Everything they start dies with
   the namespace's first process, however it was started; they cannot see or signal the reference worker
   or the evaluator (outside their PID namespace); the private code, the evaluator's source directory and
-  the Python installation are bind-mounted read-only, and CAP_SYS_ADMIN is dropped so the candidate
-  cannot remount them. /dev is untouched (the GPU device nodes stay usable). The `hidden` directories
+  the Python installation are bind-mounted read-only, and every capability is dropped from the bounding
+  set: the candidate is root without privileges, so it cannot remount them, reach an inode past a mount
+  by a file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules. /dev is untouched (the GPU device nodes stay usable). The `hidden` directories
   (the build-marker key's) are covered by an empty read-only tmpfs. Without a namespace, the process
   sweep and the hash checks above are all there is (namespace_problem() says why).
 * BuildSeal: a build's BUILT marker (in the writable cache) carries an HMAC-SHA256 over (source hash,
@@ -124,11 +125,12 @@ class Namespace:
         for d in hidden:  # made if gone: a key created there later must not be visible to this worker
             os.makedirs(d, mode=0o700, exist_ok=True)
         # --kill-child: if unshare itself is killed, the namespace's first process gets SIGKILL, and with
-        # it every process in the namespace. The bounding set without CAP_SYS_ADMIN: no remount, no umount
-        # (so no way under the tmpfs that hides the key).
+        # it every process in the namespace. An empty bounding set: no remount or umount (so no way under
+        # the tmpfs that hides the key), no open_by_handle_at (an inode reached by its handle is on the
+        # writable mount beneath the read-only bind), no device nodes, no kernel modules.
         return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--", "/bin/sh", "-c",
                 _MOUNT_SCRIPT, "sh", str(len(writable)), *writable, str(len(read_only)), *read_only,
-                str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-sys_admin", "--", *argv]
+                str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-all", "--", *argv]
 
 
 # Arguments: N writable dirs, M read-only dirs, K hidden dirs, then the command. A failed mount aborts

@@ -17,7 +17,7 @@ from typing import Any
 
 from .batches import Batches, probe_ms, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
-from .common import _flat, compare_outputs
+from .common import _flat, compare_outputs, open_lock
 from .confine import confine, pin_threads
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
@@ -143,7 +143,7 @@ def _take_gpu_lock(path: str | None, stdin: LineReader):
     """The GPU's file lock, or None as soon as a job line is waiting (its sender holds the lock)."""
     if not path:
         return None
-    f = open(path, "a")
+    f = open_lock(path)   # made by the parent; read-only in the namespace
     while True:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

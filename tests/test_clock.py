@@ -139,11 +139,22 @@ def test_figures_need_alternation():
         clock.figures(_batches("ref", [0.02] * 3), _batches("cand", [0.02] * 3))
 
 
-@given(st.lists(st.floats(min_value=0.001, max_value=0.1), min_size=6, max_size=30))
-def test_speedup_and_interval_are_finite_and_positive(calls):
+@given(st.lists(st.floats(min_value=0.001, max_value=0.1), min_size=6, max_size=30),
+       st.integers(min_value=0, max_value=2**31 - 1), st.floats(min_value=0.0, max_value=20.0))
+def test_speedup_and_interval_are_finite_and_positive(calls, seed, book_over_calls):
+    """Also where drawing and digesting take many times the calls and vary by more than the calls last
+    (a 10 us call on a GPU): a batch whose bookkeeping ran fast still costs something."""
     assume(len(calls) % 2 == 1)
+    rng = random.Random(seed)
     k = len(calls) // 2
-    f = clock.figures(_batches("ref", calls[:k + 1]), _batches("cand", calls[k + 1:]))
+
+    def side(name, xs):
+        return [Batch(name, 10, calls=c, draw=c * book_over_calls * rng.uniform(0.3, 3.0),
+                      digest=c * book_over_calls * rng.uniform(0.3, 3.0)) for c in xs]
+
+    for b in side("ref", calls):
+        assert clock.cost_ms(b, clock.typical([b]), clock.typical([b])) > 0
+    f = clock.figures(side("ref", calls[:k + 1]), side("cand", calls[k + 1:]))
     assume(f is not None)
     for v in (f.speedup, f.low, f.high, f.runtime_ms, f.baseline_ms):
         assert math.isfinite(v) and v > 0

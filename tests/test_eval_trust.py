@@ -303,7 +303,8 @@ def test_find_processes_follows_the_environment_marker(tmp_path):
 # ------------------------------------------------------------------------------------------ namespace
 PROBE_CODE = """
 import ctypes, json, os, sys
-report = {"pid": os.getpid(), "visible": [int(e) for e in os.listdir("/" + "proc") if e.isdigit()], "writes": {}}
+report = {"pid": os.getpid(), "visible": [int(e) for e in os.listdir("/" + "proc") if e.isdigit()], "writes": {},
+          "handles": {}, "locks": {}}
 for d in TARGETS:
     try:
         with open(os.path.join(d, "pacevolve-probe.pth"), "w") as f:
@@ -311,8 +312,37 @@ for d in TARGETS:
         report["writes"][d] = "written"
     except OSError as e:
         report["writes"][d] = type(e).__name__
+# Past the read-only mounts by inode: a directory's file handle opened from "/" (the writable mount
+# beneath the read-only bind), then a file made there.
+class Handle(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("data", ctypes.c_ubyte * 128)]
+libc = ctypes.CDLL(None, use_errno=True)
+for d in TARGETS:
+    h, mount = Handle(128), ctypes.c_int()
+    if libc.name_to_handle_at(-100, d.encode(), ctypes.byref(h), ctypes.byref(mount), 0) != 0:
+        report["handles"][d] = "name_to_handle_at errno %d" % ctypes.get_errno()
+        continue
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    fd = libc.open_by_handle_at(root, ctypes.byref(h), os.O_RDONLY | os.O_DIRECTORY)
+    if fd < 0:
+        report["handles"][d] = "open_by_handle_at errno %d" % ctypes.get_errno()
+        continue
+    try:
+        os.close(os.open("pacevolve-probe.pth", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        report["handles"][d] = "written"
+    except OSError as e:
+        report["handles"][d] = type(e).__name__
+# The machine's lock files: taken away, or a directory put in their place, every later evaluation on the
+# machine would crash or stop taking turns.
+for name in os.listdir(LOCKS):
+    path = os.path.join(LOCKS, name)
+    try:
+        os.remove(path)
+        os.mkdir(path)
+        report["locks"][name] = "replaced"
+    except OSError as e:
+        report["locks"][name] = type(e).__name__
 # An escape the process sweep alone misses: subreaper off, double fork, setsid, empty environment.
-libc = ctypes.CDLL(None)
 libc.prctl(36, 0, 0, 0, 0)
 if os.fork() == 0:
     os.setsid()
@@ -342,15 +372,18 @@ class ModelNew(nn.Module):
 
 def test_namespace_confines_builder_and_runner(ev, tmp_path):
     """In the namespace: the evaluator's code, source, the project it sits in, the home directory and the
-    Python installation are read-only, the evaluator's processes are invisible, and a daemon that leaves
-    the worker's tree dies with it."""
+    Python installation are read-only, also to a file handle opened past the mounts; the machine's lock
+    files stay where they are; the evaluator's processes are invisible, and a daemon that leaves the
+    worker's tree dies with it. Evaluations after it still take their turns."""
     if ev.isolation != "pid+mount namespace":
         pytest.skip(f"no namespace here: {ev.isolation}")
     import site
     targets = [str(Path(ek.__file__).parent), str(REPO), os.path.expanduser("~"), site.getsitepackages()[0]]
     marker = f"pacevolve-test-escape-{os.getpid()}-{time.monotonic_ns()}"
     report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
-    code = PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
+    locks = os.path.dirname(eval_common.lock_path("pch.lock"))
+    code = (PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
+            .replace("LOCKS", repr(locks)))
     src = PROBE.replace("CODE", repr(code[::-1]))
     r = ev.evaluate(src)
     time.sleep(0.5)
@@ -368,9 +401,63 @@ def test_namespace_confines_builder_and_runner(ev, tmp_path):
     assert reports, r.message
     for rep in reports:
         assert all(v != "written" for v in rep["writes"].values()), rep["writes"]
+        assert rep["handles"] and all(v != "written" for v in rep["handles"].values()), rep["handles"]
+        assert rep["locks"] and all(v != "replaced" for v in rep["locks"].values()), rep["locks"]
         assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
     assert not left, f"escaped daemons survived: {left}"
     assert r.details.get("isolation") == "pid+mount namespace" or r.status != "ok"
+    assert all(os.path.isfile(os.path.join(locks, n)) for n in os.listdir(locks) if ".not-a-lock-" not in n)
+    assert ev.evaluate(HONEST).status == "ok"
+
+
+def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
+    """Outside a namespace nothing stops a process from putting a directory, a FIFO or a link where a
+    lock file was: the evaluator sets it aside and locks a plain file, instead of raising or hanging."""
+    import stat
+    makers = (os.mkdir, os.mkfifo, lambda p: os.symlink(str(tmp_path / "elsewhere"), p))
+    for k, make in enumerate(makers):
+        path = str(tmp_path / f"{k}.lock")
+        make(path)
+        with eval_common.open_lock(path, create=True) as f:
+            assert stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+        assert os.path.isfile(path) and not os.path.islink(path)
+        assert len([n for n in os.listdir(tmp_path) if n.startswith(f"{k}.lock.not-a-lock-")]) == 1
+    os.mkfifo(tmp_path / "worker.lock")
+    with pytest.raises(OSError):   # a worker (no create) never locks what is not a lock file
+        eval_common.open_lock(str(tmp_path / "worker.lock"))
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_numbers_from_a_worker_are_finite_and_within_64_bits():
+    """A runner's NaN, infinity or 400-digit integer reads as null: it fails the field's type check instead
+    of reaching the parent's arithmetic (a 400-digit start-up mark once raised OverflowError out of
+    evaluate())."""
+    from evaluate_kernel.protocol import loads
+    msg = loads('{"a": NaN, "b": -Infinity, "c": 1e999, "d": 1' + "0" * 400 + ', "e": 18446744073709551615,'
+                ' "f": -9223372036854775808, "g": 0.25, "h": [Infinity, 3]}')
+    assert msg == {"a": None, "b": None, "c": None, "d": None, "e": 18446744073709551615,
+                   "f": -9223372036854775808, "g": 0.25, "h": [None, 3]}
+
+
+OVERFLOW_MARKS = '''import builtins
+import torch
+import torch.nn as nn
+builtins.exec('004 ** 01 :adbmal = emit.emit ;emit tropmi'[::-1])   # time.time() -> 10**400: the runner's start-up marks become huge integers
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+'''
+
+
+def test_start_up_marks_that_are_no_numbers_are_ignored(ev):
+    r = ev.evaluate(OVERFLOW_MARKS)
+    assert r.status == "ok", r.message
+    assert "load" not in r.details.get("phases", {})
 
 
 # ------------------------------------------------------------------------------------------ parent's clock
@@ -392,6 +479,37 @@ def test_a_process_cpu_clock_counts_every_thread():
         evaluation._cpu_seconds(proc.pid)
 
 
+def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
+    """Linux brings a running thread's CPU time up to date only at scheduler events (a tick, 1-10 ms): read
+    while it runs, a process shows up to a tick per running thread too little, and a runner that kept
+    running past its answer would carry work out of the step (about 10% on conv_groupnorm_small). The
+    parent reads the clock with every thread stopped, and the process runs on afterwards."""
+    from evaluate_kernel import evaluation
+    code = ("import threading\ndef spin():\n    while True: pass\n"
+            "[threading.Thread(target=spin, daemon=True).start() for _ in range(3)]\n"
+            "print('go', flush=True)\nspin()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    states, read = [], time.clock_gettime_ns
+
+    def checked(clock_id):
+        tids = os.listdir(f"/proc/{proc.pid}/task")
+        states.append(sorted(evaluation._state(proc.pid, t) for t in tids))
+        return read(clock_id)
+
+    try:
+        assert proc.stdout.readline().strip() == "go"
+        monkeypatch.setattr(evaluation.time, "clock_gettime_ns", checked)
+        values = [evaluation._cpu_seconds(proc.pid) for _ in range(20)]
+        monkeypatch.undo()
+        time.sleep(0.05)
+        later = evaluation._cpu_seconds(proc.pid)   # it ran on meanwhile
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)
+    assert len(states) == 20 and all(s == ["T"] * 4 for s in states), states
+    assert values == sorted(values) and later > values[-1] + 0.01
+
+
 def test_confinement_blocks_scheduling_and_on_the_cpu_processes():
     """A runner's filter, as a candidate's code would meet it: no other cores, no priority, no processes
     (threads still start). On a GPU runner processes may start (the parent kills them and rejects)."""
@@ -405,13 +523,16 @@ def test_confinement_blocks_scheduling_and_on_the_cpu_processes():
             " tries(lambda: os.setpriority(os.PRIO_PROCESS, 0, -5)),"
             " tries(lambda: os.waitpid(os.posix_spawn('/bin/true', ['/bin/true'], {}), 0)))\n"
             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(ctypes.get_errno() if libc.syscall(425, 4, ctypes.create_string_buffer(128)) < 0 else 'allowed')\n")
+            "print(ctypes.get_errno() if libc.syscall(425, 4, ctypes.create_string_buffer(128)) < 0 else 'allowed')\n"
+            "h = ctypes.create_string_buffer(136); h[0] = 128; m = ctypes.c_int()\n"
+            "print(ctypes.get_errno() if libc.name_to_handle_at(-100, b'/', h, ctypes.byref(m), 0) < 0 else 'allowed')\n")
     for device, spawn in (("cpu", "1"), ("cuda", "allowed")):
         out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=60)
         lines = out.stdout.split("\n")
         assert lines[0] == "''", out.stdout + out.stderr
         assert lines[1].split() == ["1", "1", spawn], lines
         assert lines[2] == "1", lines   # io_uring_setup: EPERM (its kernel workers would outlive a SIGSTOP)
+        assert lines[3] == "1", lines   # name_to_handle_at: EPERM (a handle reaches past read-only mounts)
 
 
 def test_baseline_info_reports_the_protocols_self_check():

@@ -65,7 +65,11 @@ def test_fused_conv_groupnorm_is_ok_and_faster(conv_eval):
     assert result.status == "ok", result.message
     assert result.correct
     assert result.runtime_ms and result.baseline_ms
-    assert result.speedup == pytest.approx(result.baseline_ms / result.runtime_ms, rel=1e-6)
+    # The speedup is the median of paired ratios; the two medians' ratio lies close to it (2.204x against
+    # 2.188x on an H200).
+    assert result.speedup == pytest.approx(result.baseline_ms / result.runtime_ms, rel=0.03)
+    low, high = result.details["speedup_ci"]
+    assert low <= result.speedup <= high
     assert result.speedup > 1.3  # measured anchor on an H200: 2.35x
 
 

@@ -10,12 +10,12 @@ evaluator's worker, never the naive harness.
 Seen: red-team pass on this evaluator (build step rewrote evaluate_kernel.py).
 Expected outcome: "rejected" (the evaluator's code is a private, hash-checked
 copy; a change to it rejects the candidate whose process was running), or,
-in a namespace, the write itself fails (the copy is mounted read-only) and
+in a namespace, the write itself fails (the copy is mounted read-only, and the candidate holds no capability to write past its modes) and
 the import error is reported.
 
 REFERENCE: gn
 EXPECT: rejected|compile_error|runtime_error
-MESSAGE: modified|Read-only
+MESSAGE: modified|Read-only|Permission denied
 """
 import builtins
 
