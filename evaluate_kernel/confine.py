@@ -8,13 +8,16 @@ a seccomp filter, inherited by every thread and process the candidate starts lat
 sched_setaffinity, sched_setscheduler, sched_setparam, sched_setattr and setpriority fail with EPERM, so
 do the io_uring calls (the kernel threads that serve a ring take any core and keep working after the
 runner is stopped), so do name_to_handle_at and open_by_handle_at (a file reached by its handle lies past
-the namespace's read-only mounts), and so does every system call made through another ABI (32-bit or x32
-entry points that a filter keyed on 64-bit numbers would not see). A filter cannot be removed once installed, and the candidate's code runs
-only after it is in place.
+the namespace's read-only mounts), and so does every system call made through another ABI (32-bit or
+x32 entry points that a filter keyed on 64-bit numbers would not see). A filter cannot be removed once
+installed, and the candidate's code runs only after it is in place.
 
 With no_processes (the CPU, where the parent's clock is the runner's CPU time, which counts every
 thread of the runner but no other process): fork, vfork, clone without CLONE_THREAD, execve and
-execveat fail with EPERM too, and clone3 with ENOSYS (the C library then starts threads with clone).
+execveat fail with EPERM too, and clone3 with ENOSYS (the C library then starts threads with clone);
+so do alarm, setitimer, timer_create and timerfd_create: a timer goes on firing while the runner is
+stopped, as interrupts on the core the reference is timed on next, and there an interrupt's cost is the
+reference's CPU time (the parent also bounds the runner's threads, each of which can hold one wake-up).
 Threads may start; on a GPU, processes may too (a runner that must build its own extension runs ninja),
 and the parent kills any it finds and rejects the candidate (evaluation.py).
 
@@ -27,14 +30,17 @@ import os
 import platform
 
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, scheduling calls, process calls, clone, clone3, x32 bit)
-    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304), (57, 58, 59, 322), 56, 435,
-               0x40000000),
-    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274, 425, 426, 427, 264, 265), (221, 281), 220, 435, None),
+    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304),
+               (57, 58, 59, 322, 37, 38, 222, 283), 56, 435, 0x40000000),
+    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274, 425, 426, 427, 264, 265), (221, 281, 103, 107, 85), 220,
+                435, None),
 }
 # sched_setparam, sched_setscheduler, sched_setaffinity, setpriority, sched_setattr, and io_uring_setup,
 # _enter, _register (its kernel workers run on any core and go on after SIGSTOP), name_to_handle_at and
 # open_by_handle_at (an inode by its handle: past the namespace's read-only mounts; the namespace also
-# drops the capability they need); fork, vfork, execve, execveat (aarch64 has no fork or vfork)
+# drops the capability they need); on the CPU also fork, vfork, execve, execveat (aarch64 has no fork or
+# vfork) and alarm, setitimer, timer_create, timerfd_create (timers keep firing while the runner is stopped,
+# as interrupts on the core the reference is timed on; aarch64 has no alarm)
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
 _CLONE_THREAD = 0x00010000

@@ -280,7 +280,8 @@ class Evaluator:
         # into the evaluator's cache instead: CUDA's JIT cache, Triton's, Inductor's, anything XDG.
         caches = {name: os.path.join(self.cache_dir, sub) for name, sub in (
             ("CUDA_CACHE_PATH", "nv"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-            ("XDG_CACHE_HOME", "xdg"))}
+            ("XDG_CACHE_HOME", "xdg"), ("TMPDIR", "tmp"))}   # TMPDIR: compilers' scratch files (/tmp is read-only)
+        os.makedirs(caches["TMPDIR"], exist_ok=True)
         return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
                             PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
                             **malloc, **caches, **extra)

@@ -94,11 +94,14 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
     Re-seeded weights plus perturbed biases and norm parameters stop shortcuts tuned to seed-42 weights or
     to GroupNorm's weight=1, bias=0. The k-th of the reference's 1-D parameters (registration order) gets
     the k-th delta. In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
-    parameter of the same name and shape, else the first not yet taken of the same shape in registration
-    order; parameters ModelNew adds (frozen constants, affine norms at identity) keep their own values, and
-    a reference parameter with no counterpart is returned (the trial then cannot run as specified).
+    parameter of the same name and shape, else the first not yet taken of the same shape and the same values
+    (both models built from the same seed: a renamed conv bias, a norm's ones and zeros, whatever order
+    ModelNew declares them in), else the first not yet taken of the same shape in registration order;
+    parameters ModelNew adds (frozen constants, affine norms at identity) keep their own values, and a
+    reference parameter with no counterpart is returned (the trial then cannot run as specified).
     """
     import torch
+    ref_values = _reference_values(ref_ns, weight_seed) if perturb and ref_params is not None else None
     _set_seed(weight_seed)
     init = ref_ns["get_init_inputs"]()
     _set_seed(weight_seed)
@@ -109,7 +112,7 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
         if ref_params is None:
             targets = [p for _, p in model.named_parameters() if p.dim() <= 1]
         else:
-            targets, missing = _counterparts(dict(model.named_parameters()), ref_params)
+            targets, missing = _counterparts(dict(model.named_parameters()), ref_params, ref_values)
         with torch.no_grad():
             for k, p in enumerate(targets):
                 if p is None:
@@ -120,8 +123,10 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
     return model.to(device), missing
 
 
-def _counterparts(params: dict, ref_params: list) -> tuple[list, list[str]]:
-    """For each (name, shape) of the reference, ModelNew's parameter by name, else by shape and order."""
+def _counterparts(params: dict, ref_params: list, ref_values: list | None = None) -> tuple[list, list[str]]:
+    """For each (name, shape) of the reference, ModelNew's parameter by name, else by shape and the same
+    values (ref_values: the reference's, in the same order), else by shape and order."""
+    import torch
     taken: set[str] = set()
     found: list = [None] * len(ref_params)
     for k, (name, shape) in enumerate(ref_params):
@@ -129,13 +134,31 @@ def _counterparts(params: dict, ref_params: list) -> tuple[list, list[str]]:
         if p is not None and list(p.shape) == list(shape):
             found[k] = p
             taken.add(name)
-    for k, (name, shape) in enumerate(ref_params):
-        if found[k] is None:
-            other = next((n for n, p in params.items() if n not in taken and list(p.shape) == list(shape)), None)
-            if other is not None:
-                found[k] = params[other]
-                taken.add(other)
+
+    def same_values(p, k: int) -> bool:
+        v = ref_values[k] if ref_values is not None and k < len(ref_values) else None
+        return v is not None and v.shape == p.shape and torch.equal(p.detach().cpu().to(v.dtype), v)
+
+    for matches in (same_values, lambda p, k: True):
+        for k, (name, shape) in enumerate(ref_params):
+            if found[k] is None:
+                other = next((n for n, p in params.items()
+                              if n not in taken and list(p.shape) == list(shape) and matches(p, k)), None)
+                if other is not None:
+                    found[k] = params[other]
+                    taken.add(other)
     return found, [f"{n} {tuple(s)}" for (n, s), p in zip(ref_params, found) if p is None]
+
+
+def _reference_values(ref_ns: dict, weight_seed: int) -> list:
+    """The reference's 1-D parameters (registration order) as the same seed makes them, on the CPU."""
+    import torch
+    _set_seed(weight_seed)
+    init = ref_ns["get_init_inputs"]()
+    _set_seed(weight_seed)
+    with torch.no_grad():
+        ref = ref_ns["Model"](*init)
+    return [p.detach().cpu() for _, p in ref.named_parameters() if p.dim() <= 1]
 
 
 def _inputs_unchanged(xs: list, pristine: list) -> bool:

@@ -13,11 +13,13 @@
 * Namespace: where util-linux's unshare and setpriv work (root on Linux: the CI container and the GPU
   VM), builder and runner start inside a new PID and mount namespace. Everything they start dies with
   the namespace's first process, however it was started; they cannot see or signal the reference worker
-  or the evaluator (outside their PID namespace); the private code, the evaluator's source directory and
-  the Python installation are bind-mounted read-only, and every capability is dropped from the bounding
+  or the evaluator (outside their PID namespace); every file system is read-only to them but the cache
+  (bound writable) and /dev (the GPU's nodes; /dev/shm stays writable), the kernel's knobs under /proc
+  included; the key's directory is hidden; and every capability is dropped from the bounding
   set: the candidate is root without privileges, so it cannot remount them, reach an inode past a mount
-  by a file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules. /dev is untouched (the GPU device nodes stay usable). The `hidden` directories
-  (the build-marker key's) are covered by an empty read-only tmpfs. Without a namespace, the process
+  by a file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules.
+  The `hidden` directories (the build-marker key's) are covered by an empty read-only tmpfs. Without a
+  namespace, the process
   sweep and the hash checks above are all there is (namespace_problem() says why).
 * BuildSeal: a build's BUILT marker (in the writable cache) carries an HMAC-SHA256 over (source hash,
   library digest) under a per-user key kept outside the cache, in a directory the namespace hides. A
@@ -133,11 +135,17 @@ class Namespace:
                 str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-all", "--", *argv]
 
 
-# Arguments: N writable dirs, M read-only dirs, K hidden dirs, then the command. A failed mount aborts
-# (exit 97): a worker never runs with less protection than the Evaluator reported.
+# Arguments: N writable dirs, M read-only dirs, K hidden dirs, then the command. After those, every other
+# mount is made read-only (the root file system, /tmp, /sys, other disks: a root process could otherwise
+# write /etc/ld.so.preload, a git hook, a sysctl), but /dev (the GPU's device nodes) and the namespace's own
+# /proc, where the kernel's knobs (/proc/sys, sysrq-trigger, irq, bus, fs) are read-only too. A failed
+# mount aborts (exit 97): a worker never runs with less protection than the Evaluator reported.
 _MOUNT_SCRIPT = """set -e
+NL='
+'
+keep="$NL"
 n=$1; shift
-while [ "$n" -gt 0 ]; do mount --bind "$1" "$1" || exit 97; shift; n=$((n-1)); done
+while [ "$n" -gt 0 ]; do mount --bind "$1" "$1" || exit 97; keep="$keep$1$NL"; shift; n=$((n-1)); done
 n=$1; shift
 while [ "$n" -gt 0 ]; do
   mount --rbind "$1" "$1" || exit 97
@@ -149,6 +157,15 @@ while [ "$n" -gt 0 ]; do
   mount -t tmpfs -o ro,size=4k,mode=0500 pacevolve-hidden "$1" || exit 97
   shift; n=$((n-1))
 done
+for d in /proc/sys /proc/sysrq-trigger /proc/irq /proc/bus /proc/fs; do
+  if [ -e "$d" ]; then mount --bind "$d" "$d" && mount -o remount,bind,ro "$d" || exit 97; fi
+done
+while read -r _ _ _ _ mp _; do
+  mp=$(printf '%b' "$mp")
+  case "$mp" in /proc|/proc/*|/dev|/dev/*) continue ;; esac
+  case "$keep" in *"$NL$mp$NL"*) continue ;; esac
+  mount -o remount,bind,ro "$mp" || exit 97
+done < /proc/self/mountinfo
 exec "$@"
 """
 
@@ -209,12 +226,16 @@ def namespace_problem() -> str:
         return "util-linux unshare/setpriv or /proc missing"
     with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as secret:
         open(os.path.join(secret, "key"), "w").close()
+        outside = os.path.join(tempfile.gettempdir(), f".pacevolve-ns-probe-{os.getpid()}")
         probe = Namespace([d], [], [secret]).wrap(
-            ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! test -e {secret}/key && test \"$$\" = 1"])
+            ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! touch {outside} 2>/dev/null && "
+                              f"! test -e {secret}/key && test \"$$\" = 1"])
         try:
             r = subprocess.run(probe, capture_output=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"unshare failed: {e}"
+        if os.path.exists(outside):
+            os.remove(outside)
         if r.returncode != 0:
             return f"unshare failed (exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[:120]})"
     return ""

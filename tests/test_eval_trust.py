@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -332,6 +333,10 @@ for d in TARGETS:
         report["handles"][d] = "written"
     except OSError as e:
         report["handles"][d] = type(e).__name__
+# Every file system read-only but the cache: the root one (/etc/ld.so.preload would run code in every
+# later process), the temp directory, /sys, and the kernel's knobs under /proc.
+report["read_only"] = {p: bool(os.statvfs(p).f_flag & os.ST_RDONLY) for p in ["/", "/sys", "/proc/sys", TMPROOT]}
+report["cache_writable"] = not os.statvfs(os.path.dirname(REPORT)).f_flag & os.ST_RDONLY
 # The machine's lock files: taken away, or a directory put in their place, every later evaluation on the
 # machine would crash or stop taking turns.
 for name in os.listdir(LOCKS):
@@ -372,8 +377,9 @@ class ModelNew(nn.Module):
 
 def test_namespace_confines_builder_and_runner(ev, tmp_path):
     """In the namespace: the evaluator's code, source, the project it sits in, the home directory and the
-    Python installation are read-only, also to a file handle opened past the mounts; the machine's lock
-    files stay where they are; the evaluator's processes are invisible, and a daemon that leaves the
+    Python installation are read-only, also to a file handle opened past the mounts, and so is every other
+    file system but the cache (the root one, the temp directory, /sys, the kernel's knobs); the machine's
+    lock files stay where they are; the evaluator's processes are invisible, and a daemon that leaves the
     worker's tree dies with it. Evaluations after it still take their turns."""
     if ev.isolation != "pid+mount namespace":
         pytest.skip(f"no namespace here: {ev.isolation}")
@@ -383,7 +389,7 @@ def test_namespace_confines_builder_and_runner(ev, tmp_path):
     report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
     locks = os.path.dirname(eval_common.lock_path("pch.lock"))
     code = (PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
-            .replace("LOCKS", repr(locks)))
+            .replace("LOCKS", repr(locks)).replace("TMPROOT", repr(tempfile.gettempdir())))
     src = PROBE.replace("CODE", repr(code[::-1]))
     r = ev.evaluate(src)
     time.sleep(0.5)
@@ -403,6 +409,7 @@ def test_namespace_confines_builder_and_runner(ev, tmp_path):
         assert all(v != "written" for v in rep["writes"].values()), rep["writes"]
         assert rep["handles"] and all(v != "written" for v in rep["handles"].values()), rep["handles"]
         assert rep["locks"] and all(v != "replaced" for v in rep["locks"].values()), rep["locks"]
+        assert all(rep["read_only"].values()) and rep["cache_writable"], rep["read_only"]
         assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
     assert not left, f"escaped daemons survived: {left}"
     assert r.details.get("isolation") == "pid+mount namespace" or r.status != "ok"
@@ -452,6 +459,26 @@ class ModelNew(nn.Module):
     def forward(self, x):
         return torch.relu(x @ x.T)
 '''
+
+
+MANY_THREADS = '''import builtins
+import torch
+import torch.nn as nn
+builtins.exec(%r[::-1])   # 100 sleeping threads: each could hold a wake-up aimed at the reference's batch
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+''' % "import threading, time\n[threading.Thread(target=time.sleep, args=(600,), daemon=True).start() for _ in range(100)]"[::-1]
+
+
+def test_a_runner_with_more_threads_than_allowed_is_rejected(ev):
+    r = ev.evaluate(MANY_THREADS)
+    assert r.status == "rejected" and "threads" in r.message, r.message
 
 
 def test_start_up_marks_that_are_no_numbers_are_ignored(ev):
@@ -525,7 +552,10 @@ def test_confinement_blocks_scheduling_and_on_the_cpu_processes():
             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print(ctypes.get_errno() if libc.syscall(425, 4, ctypes.create_string_buffer(128)) < 0 else 'allowed')\n"
             "h = ctypes.create_string_buffer(136); h[0] = 128; m = ctypes.c_int()\n"
-            "print(ctypes.get_errno() if libc.name_to_handle_at(-100, b'/', h, ctypes.byref(m), 0) < 0 else 'allowed')\n")
+            "print(ctypes.get_errno() if libc.name_to_handle_at(-100, b'/', h, ctypes.byref(m), 0) < 0 else 'allowed')\n"
+            "import signal\n"
+            "print(tries(lambda: signal.setitimer(signal.ITIMER_REAL, 60)),"
+            " ctypes.get_errno() if libc.timerfd_create(1, 0) < 0 else 'allowed')\n")
     for device, spawn in (("cpu", "1"), ("cuda", "allowed")):
         out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=60)
         lines = out.stdout.split("\n")
@@ -533,6 +563,8 @@ def test_confinement_blocks_scheduling_and_on_the_cpu_processes():
         assert lines[1].split() == ["1", "1", spawn], lines
         assert lines[2] == "1", lines   # io_uring_setup: EPERM (its kernel workers would outlive a SIGSTOP)
         assert lines[3] == "1", lines   # name_to_handle_at: EPERM (a handle reaches past read-only mounts)
+        # Timers (CPU): they fire on the reference's core while the runner is stopped, charged to the reference.
+        assert lines[4].split() == (["1", "1"] if device == "cpu" else ["allowed", "allowed"]), lines
 
 
 def test_baseline_info_reports_the_protocols_self_check():
