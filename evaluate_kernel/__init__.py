@@ -12,7 +12,8 @@ those processes compute or report is believed.
 Protected (each by a mechanism, DESIGN.md gives the reasoning):
 - Correctness: the reference worker (never runs candidate code) computes every reference output and makes
   every comparison; trials on seeds drawn at evaluation time, five input distributions, re-seeded and
-  perturbed weights (mapped to ModelNew's parameters by name, else by shape and order), NaN-poisoned memory.
+  perturbed weights (mapped to ModelNew's parameters by name, else by shape and values, else by shape and
+  order), NaN-poisoned memory.
 - The runtime is this process's own clock: batches of back-to-back calls on fresh inputs drawn from a seed
   sent when the batch starts, alternating with the same batches of the reference (same harness code, same
   core, same minutes); every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step
@@ -26,8 +27,9 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
 - The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
   before any candidate code: confine.py); on the CPU it may not start processes, on a GPU those it starts
   are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's
-  time lags by up to a scheduler tick). In the namespace the project, the home directory and the
-  machine's lock files are read-only to it, and it holds no capability (no remount, no file handles).
+  time lags by up to a scheduler tick), it may hold no timers and at most 64 threads (a timer fires on
+  the reference's core while the runner is stopped). In the namespace every file system but the cache
+  and /dev is read-only to it, and it holds no capability (no remount, no file handles).
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
   namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
@@ -39,7 +41,8 @@ drawing a call's inputs costs as much as the call); outputs of calls not chosen 
 only by their digests, so a candidate that skips a fraction f of its calls is caught with probability
 1-(1-f)^k over k checks; without a namespace, a process that clears its environment and leaves its
 worker's tree escapes the sweep, and the runner can signal the reference worker (its death then rejects
-the candidate); the cache directory stays writable to candidates. Not measured: energy, memory footprint
+the candidate); the cache directory and /dev/shm stay writable to candidates; on a GPU the runner may
+hold timers (their interrupts on the reference's core are not measured there). Not measured: energy, memory footprint
 as a score, clock locking (the GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the

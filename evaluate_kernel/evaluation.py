@@ -370,15 +370,17 @@ class Evaluation:
 
     def _check_trials(self, msg: dict) -> EvalResult | None:
         missing = [str(m)[:100] for m in msg.get("unmapped") or []] if isinstance(msg.get("unmapped"), list) else []
-        if not isinstance(msg.get("path"), str):
-            return _forged(self.details, "the runner's trial outputs came without a file")
+        path = os.path.join(self.job["work_dir"], "trials.pt")   # where the runner was to write them, no other
+        if msg.get("path") != path:
+            return _forged(self.details, "the runner's trial outputs came without their file")
         if any(s["perturb"] for s in self.specs) and missing:
             return EvalResult("incorrect", message="the perturbed-weights trial cannot run: the reference's "
-                              f"parameters {', '.join(missing[:6])} have no counterpart in ModelNew (by name, or by "
-                              "shape in registration order); keep the reference's parameters as nn.Parameters",
+                              f"parameters {', '.join(missing[:6])} have no counterpart in ModelNew (by name, by "
+                              "shape and values, or by shape in registration order); keep the reference's parameters "
+                              "as nn.Parameters",
                               details=self.details)
         items = [{"spec": s, "index": k} for k, s in enumerate(self.specs)]
-        reply = self.dev.ref_call({"cmd": "compare", "path": msg["path"], "field": "outputs", "items": items,
+        reply = self.dev.ref_call({"cmd": "compare", "path": path, "field": "outputs", "items": items,
                                    "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol})
         if reply.get("kind") != "compared" or len(reply.get("results", [])) != len(items):
             raise RuntimeError(f"reference worker error: {reply.get('error')}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from .batches import Batches, probe_ms, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
-from .common import _flat, compare_outputs, open_lock
+from .common import _flat, compare_outputs, load_plain, open_lock
 from .confine import confine, pin_threads
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
@@ -360,7 +360,7 @@ def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
 def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) -> dict:
     """Compare the trials' saved outputs with the reference's."""
     import torch
-    loaded = torch.load(req["path"], map_location="cpu", weights_only=True)  # tensors only: nothing executes
+    loaded = load_plain(req["path"])
     if not isinstance(loaded, dict):
         raise ValueError("output file is not a dict")
     results = []

@@ -481,6 +481,31 @@ def test_a_runner_with_more_threads_than_allowed_is_rejected(ev):
     assert r.status == "rejected" and "threads" in r.message, r.message
 
 
+FIFO_OUTPUTS = '''import builtins
+import torch
+import torch.nn as nn
+builtins.exec("\\nofif = evas.hcrot\\n)k** ,a* ,f ,jbo(evas nruter    \\nenoN nruter        \\n)f(ofifkm.so        \\n:)'tp.'(htiwsdne.f dna )rts ,f(ecnatsnisi fi    \\n:)k** ,a* ,f ,jbo(ofif fed\\nevas.hcrot = evas\\nhcrot ,so tropmi"[::-1])   # a FIFO where the trials' outputs (and any shipped ones) should be
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x @ x.T)
+'''
+
+
+def test_a_fifo_in_place_of_the_outputs_does_not_hang_the_reference_worker(ev):
+    """The reference worker reads files the runner wrote: a FIFO there blocked it until its timeout (the
+    device's lock held minutes per such candidate). It reads only plain files, and the next candidate finds
+    it alive."""
+    t0 = time.monotonic()
+    r = ev.evaluate(FIFO_OUTPUTS)
+    assert r.status != "ok" and time.monotonic() - t0 < 30, (r.status, r.message)
+    assert ev.evaluate(HONEST).status == "ok"
+
+
 def test_start_up_marks_that_are_no_numbers_are_ignored(ev):
     r = ev.evaluate(OVERFLOW_MARKS)
     assert r.status == "ok", r.message
