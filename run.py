@@ -570,7 +570,7 @@ def _main(cfg: Config, given: set[str], stop: stopping.StopRequest | None = None
         finally:
             s.close()
     except KeyboardInterrupt:
-        _stop_on_signal(stop, search, s.rd)
+        _stop_on_signal(stop, search, s.rd, startup.continue_with(s.cfg, s.rd.path))
     except replay.ReplayMismatch as e:
         print(f"run.py: {e}", file=sys.stderr)
         return EXIT_REPLAY_MISMATCH
@@ -623,7 +623,7 @@ def _run_dir_to_draw(path: str) -> Path:
     return Path(path)
 
 
-def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir):
+def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDir, advice: str):
     """After Ctrl-C or SIGTERM with the run directory made: the reports (once the search had started; the
     islands may still be finishing their round in worker threads), one line, exit 130 or 143."""
     def reports():
@@ -631,7 +631,7 @@ def _stop_on_signal(stop: stopping.StopRequest, search: Search | None, rd: RunDi
             report_md.write_report(search, stop.what)
             write_html_report(rd.path)
         rd.remove_leftovers()
-    stopping.exit_after(stop, reports, f"continue with: python run.py --resume {rd.path}")
+    stopping.exit_after(stop, reports, advice)
 
 
 if __name__ == "__main__":

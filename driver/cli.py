@@ -343,9 +343,12 @@ exit codes:
   2    a set-up problem: a wrong option, file, key, server or cluster (one line says which)
   3    stopped: --max-llm-failures LLM calls in a row failed (resumable)
   4    stopped: the evaluator itself failed (resumable once fixed)
-  130  interrupted by Ctrl-C (SIGINT); 143 terminated by SIGTERM (both resumable: --resume DIR)
+  5    a replay left its recording (a prompt differs from the recorded one)
+  130  interrupted by Ctrl-C (SIGINT); 143 terminated by SIGTERM (both resumable: --resume DIR; a replay
+       is run again instead)
 
 examples:
+  python run.py --replay examples/conv_groupnorm_small      # no GPU, no key: a recorded search, re-evaluated
   python run.py --task conv_groupnorm --islands 2 --model gemini-2.5-pro --secondary-model gemini-2.5-flash
   python run.py --task conv_groupnorm_small --base-url http://localhost:8000/v1 --model NAME   # CPU, local LLM
   python run.py --resume runs/conv_groupnorm-20261123-005912-1a2b3c

@@ -102,7 +102,7 @@ def start(cfg: Config, given: set[str], stop: stopping.StopRequest, log: RunLog 
         evaluator, measured = measure_reference(lambda: make_evaluator(cfg, task, device, rd, owns_ray), rd, task,
                                                 cfg, device, say)
     except KeyboardInterrupt:
-        stopping.exit_after(stop, rd.remove_leftovers, f"continue with: python run.py --resume {rd.path}")
+        stopping.exit_after(stop, rd.remove_leftovers, continue_with(cfg, rd.path))
     except SetupError as e:
         raise SetupError(f"{e} (the run directory {rd.path} is kept; after fixing this, "
                          f"continue with --resume {rd.path})") from None
@@ -122,6 +122,14 @@ def go_on(path: Path, spend: models.Spend) -> str:
 
 
 # ----------------------------------------------------------------------------- the steps, in start()'s order
+
+def continue_with(cfg: Config, path) -> str:
+    """What an interrupted run says to do next: resume it, or, for a replay (which cannot be resumed),
+    replay it again."""
+    if cfg.replay:
+        return f"a replay cannot be resumed: run python run.py --replay {cfg.replay} again"
+    return f"continue with: python run.py --resume {path}"
+
 
 def _which_run(cfg: Config, given: set[str]):
     """A new run, a resumed one (its saved options, task and checkpoint) or a replay (the recording's task

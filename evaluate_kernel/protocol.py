@@ -103,7 +103,8 @@ class Worker:
 
     def main_pid(self, wait_s: float = 5.0) -> int:
         """The worker's Python process (in a namespace, the child of unshare: found once unshare has made
-        it, never unshare itself, which must not be stopped or timed in its place)."""
+        it and it has left unshare's code, never unshare itself, which must not be stopped or timed in its
+        place; a child stopped before it asked to die with unshare would outlive it)."""
         if self.namespace is None:
             return self.proc.pid
         pid, deadline = self.proc.pid, time.monotonic() + wait_s
@@ -113,7 +114,7 @@ class Worker:
                     children = [int(c) for c in f.read().split()]
             except (OSError, ValueError):  # a kernel without that file: look for our child by its parent
                 children = [c for c in _pids() if _parent_of(c) == pid]
-            if children:
+            if children and _exe(children[0]) not in ("", _exe(pid)):
                 return children[0]
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise EOFError("the worker's namespace has no process")
@@ -209,6 +210,13 @@ class LineReader:
             pass
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line) if line.strip() else {"cmd": "quit"}
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
 
 def _pids() -> list[int]:
     return [int(e) for e in os.listdir("/proc") if e.isdigit()]

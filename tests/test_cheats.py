@@ -648,7 +648,7 @@ def test_candidate_cannot_see_api_keys(spec: Spec, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Tests: GPU (marked; skipped without CUDA; run by the lead on the GPU machine).
+# Tests: GPU (marked; skipped without CUDA; scripts/gpu_suite.sh runs them on a GPU machine).
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cuda"))

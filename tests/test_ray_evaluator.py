@@ -86,7 +86,7 @@ class TestEvaluator:
         assert len(ev.slots) == 2 and all(s.info for s in ev.slots)
         r = ev.evaluate(HONEST)
         assert r.status == "ok" and r.details["ray"]["reruns"] == 0
-        assert r.speedup == pytest.approx(r.baseline_ms / r.runtime_ms)
+        assert r.speedup == pytest.approx(r.baseline_ms / r.runtime_ms, rel=0.05)   # median of ratios, near the medians' ratio
         assert ev.baseline_ms() > 0 and ev.opts.cpu_threads == 1
 
     def test_no_credential_reaches_an_actor(self, ev):

@@ -240,3 +240,11 @@ def test_third_party_warnings_go_to_the_runs_log_not_the_console(tmp_path, capsy
     assert "retry 1 of 2" in err
     text = (tmp_path / "run" / "logs" / "run.log").read_text()
     assert "Token authentication" in text and "TypedStorage is deprecated" in text
+
+
+def test_an_interrupted_replay_is_not_advised_to_resume():
+    """Ctrl-C during a replay: the advice is to replay again (a replay cannot be resumed), not --resume."""
+    from driver import startup
+    assert startup.continue_with(cli.Config(), "runs/x") == "continue with: python run.py --resume runs/x"
+    advice = startup.continue_with(cli.Config(replay="examples/conv_groupnorm_small"), "runs/x")
+    assert "--resume" not in advice and "--replay examples/conv_groupnorm_small again" in advice
