@@ -305,7 +305,7 @@ class Evaluation:
                               f"it was timed (at most {self.opts.max_threads}: each can leave a timer that fires "
                               "on the reference's core while it is timed)", details=self.details)
         end = time.monotonic() + 1.0
-        while _state(main) not in ("T", "t", "X", "Z", "") and time.monotonic() < end:
+        while not _all_stopped(main) and time.monotonic() < end:
             time.sleep(0.0002)
         return None
 
