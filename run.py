@@ -109,7 +109,7 @@ class Island:
     def to_dict(self) -> dict:
         return {
             "index": self.index, "momentum": self.momentum.to_dict(),
-            "rng": _rng_to_json(self.rng), "pool": self.pool.to_dict(), "log": self.log.to_dict(),
+            "rng": models.rng_to_json(self.rng), "pool": self.pool.to_dict(), "log": self.log.to_dict(),
             "elites": [dataclasses.asdict(p) for p in self.elites],
             "forced_parent": self.forced_parent,
             "best": dataclasses.asdict(self.best) if self.best else None,
@@ -122,22 +122,11 @@ class Island:
     def from_dict(cls, d: dict) -> "Island":
         return cls(
             index=d["index"], momentum=momentum.Momentum.from_dict(d["momentum"]),
-            rng=_rng_from_json(d["rng"]), pool=hcm.IdeaPool.from_dict(d["pool"]),
+            rng=models.rng_from_json(d["rng"]), pool=hcm.IdeaPool.from_dict(d["pool"]),
             log=hcm.GlobalLog.from_dict(d["log"]), elites=[Program(**p) for p in d["elites"]],
             forced_parent=d["forced_parent"], best=Program(**d["best"]) if d["best"] else None,
             snapshots=d["snapshots"], generation=d["generation"], since_action=d["since_action"],
             trajectory=d["trajectory"], actions=d["actions"])
-
-
-def _rng_to_json(rng: random.Random) -> list:
-    version, state, gauss = rng.getstate()
-    return [version, list(state), gauss]
-
-
-def _rng_from_json(data: list) -> random.Random:
-    rng = random.Random()
-    rng.setstate((data[0], tuple(data[1]), data[2]))
-    return rng
 
 
 # ----------------------------------------------------------------------------- the search

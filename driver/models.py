@@ -456,11 +456,11 @@ class Role:
                 "usd": None if any(c["usd"] is None for c in calls) else sum(c["usd"] for c in calls)}
 
     def state(self) -> dict:
-        return {**self.choice.to_dict(), "rngs": {str(k): _rng_to_json(r) for k, r in self.rngs.items()}}
+        return {**self.choice.to_dict(), "rngs": {str(k): rng_to_json(r) for k, r in self.rngs.items()}}
 
     def restore(self, d: dict | None) -> None:
         self.choice.restore(d)
-        self.rngs = {int(k): _rng_from_json(v) for k, v in ((d or {}).get("rngs") or {}).items()}
+        self.rngs = {int(k): rng_from_json(v) for k, v in ((d or {}).get("rngs") or {}).items()}
 
     def _rng(self, island) -> random.Random:
         with self._lock:
@@ -539,12 +539,13 @@ def _dollars(text: str, where: str) -> float:
     return value
 
 
-def _rng_to_json(rng: random.Random) -> list:
+def rng_to_json(rng: random.Random) -> list:
+    """A random.Random's state as JSON (checkpoints: the bandit's here, the islands' in run.py)."""
     version, state, gauss = rng.getstate()
     return [version, list(state), gauss]
 
 
-def _rng_from_json(data: list) -> random.Random:
+def rng_from_json(data: list) -> random.Random:
     rng = random.Random()
     rng.setstate((data[0], tuple(data[1]), data[2]))
     return rng
