@@ -14,6 +14,7 @@ same calls on the same inputs; check() compares the shipped ones with them and w
 from __future__ import annotations
 
 import functools
+import gc
 
 from .common import _flat, compare_outputs, digests, load_plain
 from .inputs import _check_outputs, _draw_sets, _sync
@@ -23,6 +24,7 @@ class Batches:
     """The batches of one timing conversation, in one worker."""
 
     def __init__(self, model, ref_ns: dict, device, on_device: bool):
+        hold_collections()
         self.model, self.ref_ns, self.device, self.on_device = model, ref_ns, device, on_device
         self.batch = -1
         self.sets: list = []
@@ -81,6 +83,7 @@ class Batches:
 
     def ship(self, path: str, calls: list[int]) -> None:
         import torch
+        gc.collect(1)   # cycles the batch left (untimed here): the young objects only, a millisecond
         self.kept = {}
         self._keep(calls)
         torch.save({"kept": {k: [o.detach().cpu() for o in v] for k, v in self.kept.items()}}, path)
@@ -90,6 +93,7 @@ class Batches:
         """(Reference worker.) The shipped outputs against ours for the same calls, and against the digests
         the runner committed to; a missing or unreadable output fails."""
         import torch
+        gc.collect(1)   # as ship() does in the runner: the reference's batch is over, this step is not timed
         try:
             loaded = load_plain(path)
         except (OSError, ValueError, RuntimeError):   # missing, not a plain file, not a torch file
@@ -112,6 +116,22 @@ class Batches:
         for i in calls:
             if 0 <= i < len(self.outs):
                 self.kept[f"{self.batch}:{i}"] = [t for t in _flat(self.outs[i])]
+
+
+def hold_collections() -> None:
+    """No cyclic garbage collection while batches are timed, on either side. In a process that imported
+    torch a full collection walks hundreds of thousands of objects, tens of milliseconds, and a draw of
+    thousands of input sets sets one off every few batches: it lands in whichever step it falls in, one
+    side's batch at random. What exists now is moved out of the collector's sight (freeze); the young
+    objects a batch leaves are collected in the untimed steps (ship, check)."""
+    gc.disable()
+    gc.freeze()
+
+
+def release_collections() -> None:
+    """(Reference worker, after a timing.) Back to normal collection."""
+    gc.unfreeze()
+    gc.enable()
 
 
 def probe_ms(device) -> float:

@@ -137,9 +137,9 @@ def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 1
     A sum of per-element terms would be linear: a candidate could ship a right output afterwards and tune
     low bits until it matched a digest committed for garbage. So: on the CPU, BLAKE2b over the outputs'
     bytes (with their shapes and dtypes); on a GPU, where copying every output to the host would cost more
-    than the calls, a hash tree computed in place: every element's bits, mixed with its index, go through
-    a 64-bit mixer (splitmix64's finaliser), then neighbours are combined and mixed again, level by level,
-    down to one value, and a call's outputs are chained in order. Changing any element changes every value
+    than the calls, a hash tree computed in place: the outputs' bytes as 64-bit words, each mixed with its
+    index, go through a 64-bit mixer (splitmix64's finaliser), then neighbours are combined and mixed
+    again, level by level, down to one value, and a call's outputs are chained in order. Changing any element changes every value
     above it unpredictably, so matching a committed digest means recomputing the same bits. Exact
     (integer arithmetic wraps) on any GPU. Calls whose outputs have the same shapes and dtypes are stacked
     (chunk_bytes of outputs at a time), so a batch of n calls costs a few kernels per level, not per call;
@@ -166,12 +166,12 @@ def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: in
             total = torch.full((len(chunk),), _SEED, dtype=torch.int64, device=calls[chunk[0]][0].device) \
                 if signature else None
             for k in range(len(signature)):
-                bits = _bits(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
-                key = (bits.shape[1], str(bits.device))
+                words = _words(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
+                key = (words.shape[1], str(words.device))
                 if key not in weights:
-                    idx = torch.arange(bits.shape[1], dtype=torch.int64, device=bits.device)
+                    idx = torch.arange(words.shape[1], dtype=torch.int64, device=words.device)
                     weights[key] = idx * _GOLDEN + _SEED
-                root = _tree(_mix(bits.to(torch.int64) + weights[key]))
+                root = _tree(_mix(words + weights[key]))
                 total = _mix(total * _GOLDEN + root)
             values = total.tolist() if total is not None else [0] * len(chunk)
             for i, v in zip(chunk, values):
@@ -231,14 +231,18 @@ def _pad_odd(v):
     return torch.cat([v, v[:, -1:] ^ _M2], dim=1)
 
 
-def _bits(flat):
+def _words(rows):
+    """[m, k] -> [m, w] int64: each row's bytes as 64-bit words (zero bytes pad the last one), so the tree
+    starts from a quarter of a float16 output's elements, half of a float32 one's, and mixes no element's
+    bits twice. Padding is unambiguous: a group's outputs have one shape and dtype."""
     import torch
-    if flat.dtype == torch.bool:
-        return flat.view(torch.uint8)
-    size = flat.element_size()
-    if size == 8:
-        return flat.view(torch.int64)
-    return flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[size])
+    b = rows.contiguous().view(torch.uint8) if rows.dtype != torch.uint8 else rows.contiguous()
+    pad = -b.shape[1] % 8
+    if b.shape[1] == 0:
+        return torch.zeros((b.shape[0], 0), dtype=torch.int64, device=b.device)
+    if pad:
+        b = torch.cat([b, b.new_zeros(b.shape[0], pad)], dim=1)
+    return b.view(torch.int64)
 
 
 # Upper bounds of what the hardware can do (a runtime below them is physically impossible).

@@ -19,12 +19,14 @@ in a runner by the same protocol: its speedup is the protocol's self-check (clos
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import secrets
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
@@ -135,6 +137,7 @@ class Evaluation:
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
         dev.ref_call({"cmd": "timing", "cpus": self.cpus})   # fresh batches, on the runner's cores
+        _NoCollections.hold()
         try:
             bad = self._freeze()
             if bad is not None:
@@ -181,6 +184,7 @@ class Evaluation:
                 self.details["probe_idle_ms"] = dev.info.get("probe_ms")
             return {"figures": f, "refs": refs, "cands": cands}
         finally:
+            _NoCollections.release()
             self._thaw()
             dev.ref_call({"cmd": "pin", "cpus": None})
 
@@ -430,6 +434,30 @@ class Evaluation:
             self.phases["trials"] = round(marks["trials_done"] - marks["candidate_loaded"], 3)
         if msg.get("confined") is not None:
             self.details["confined"] = str(msg["confined"] or "yes")[:200]
+
+
+class _NoCollections:
+    """This process's cyclic garbage collector, off while any of its evaluations is timing: a collection
+    in a process that runs a search walks its whole heap, tens of milliseconds, charged to whichever
+    side's step it falls in. The collector is the process's, so is this count of the timings holding it."""
+    _lock = threading.Lock()
+    _holders = 0
+    _was_enabled = True
+
+    @classmethod
+    def hold(cls) -> None:
+        with cls._lock:
+            if cls._holders == 0:
+                cls._was_enabled = gc.isenabled()
+                gc.disable()
+            cls._holders += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._holders -= 1
+            if cls._holders == 0 and cls._was_enabled:
+                gc.enable()
 
 
 class _Answered(Exception):

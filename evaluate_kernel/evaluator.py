@@ -202,19 +202,25 @@ class Evaluator:
         the cores left for builds and reference workers.
 
         With enough cores each runner gets cpu_threads of its own (pinned): launch-bound kernels are timed
-        partly on the host, and a runner sharing its core with compilers reads slower. With fewer, runners
-        still get cpu_threads cores each (the last ones), shared with everything else: no candidate's process
-        may use more cores than the reference is timed on.
+        partly on the host, and a runner sharing its core with compilers reads slower. A core of its own is
+        a physical one: its SMT siblings stay idle, since a build or a torch import on a sibling slowed a
+        GPU runner's host work by 45% for seconds at a time (both sides of the batches around, so a small
+        call's interval grew to +-10%). With fewer, runners still get cpu_threads cores each (the last
+        ones), shared with everything else: no candidate's process may use more cores than the reference
+        is timed on.
         """
         try:
             cores = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = []
-        k = self.opts.cpu_threads
-        self.pinned = bool(cores) and len(cores) >= n_devices * k + 2 and self.opts.pin_cpus
+        k, need = self.opts.cpu_threads, n_devices * self.opts.cpu_threads
+        physical = physical_cores(cores)
+        self.pinned = bool(cores) and self.opts.pin_cpus and len(physical) >= need + 1 \
+            and sum(map(len, physical[:len(physical) - need])) >= 2
         if self.pinned:
-            self._runner_cpus = [cores[len(cores) - (i + 1) * k: len(cores) - i * k] for i in range(n_devices)]
-            self.other_cpus = cores[:len(cores) - n_devices * k]
+            own = [group[0] for group in physical[len(physical) - need:]]
+            self._runner_cpus = [own[i * k:(i + 1) * k] for i in range(n_devices)]
+            self.other_cpus = [c for group in physical[:len(physical) - need] for c in group]
         else:
             self._runner_cpus, self.other_cpus = [cores[-k:] or None] * n_devices, None
 
@@ -510,6 +516,33 @@ class Evaluator:
         return EvalResult("rejected", message=f"rejected: {self._tamper_note} while this candidate ran; a "
                           "candidate may write only inside its build directory", details=details)
 
+
+
+def physical_cores(cores: list[int], root: str = "/sys/devices/system/cpu") -> list[list[int]]:
+    """The cores given, grouped by physical core (SMT siblings together, each group sorted), in order of
+    their first core; a core whose topology cannot be read is a group of its own."""
+    allowed, groups, placed = set(cores), {}, set()
+    for c in sorted(allowed):
+        if c in placed:
+            continue
+        try:
+            with open(f"{root}/cpu{c}/topology/thread_siblings_list") as f:
+                siblings = _cpu_list(f.read())
+        except (OSError, ValueError):
+            siblings = {c}
+        key = tuple(sorted(((siblings & allowed) | {c}) - placed))
+        placed.update(key)
+        groups[key] = list(key)
+    return sorted(groups.values())
+
+
+def _cpu_list(text: str) -> set[int]:
+    """Linux's cpu list format: "0-3,8,10-11"."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def default_cache_dir() -> str:

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from .batches import Batches, probe_ms, reset_persisting_l2
+from .batches import Batches, probe_ms, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
 from .common import _flat, compare_outputs, load_plain, open_lock
 from .confine import confine, pin_threads
@@ -282,8 +282,9 @@ def _role_ref(job: dict, send, recv) -> None:
             elif cmd == "check":
                 reply = {"kind": "checked", "results": batches.check(req["path"], req["items"], req["rtol"],
                                                                      req["atol"], req["l2_tol"])}
-            elif cmd == "pin":  # back to our own cores (null) after a timing
+            elif cmd == "pin":  # back to our own cores (null) and to normal collection after a timing
                 pin_threads(req.get("cpus") or own_cpus)
+                release_collections()
                 reply = {"kind": "pinned"}
             elif cmd == "prepare":
                 prepared.clear()  # at most one evaluation's reference outputs are kept

@@ -158,3 +158,74 @@ def test_speedup_and_interval_are_finite_and_positive(calls, seed, book_over_cal
     assume(f is not None)
     for v in (f.speedup, f.low, f.high, f.runtime_ms, f.baseline_ms):
         assert math.isfinite(v) and v > 0
+
+
+# ------------------------------------------------------------------------------------------ what the clock runs beside
+def _fake_topology(root, siblings: dict[int, str]) -> None:
+    for c, text in siblings.items():
+        d = root / f"cpu{c}" / "topology"
+        d.mkdir(parents=True)
+        (d / "thread_siblings_list").write_text(text + "\n")
+
+
+def test_physical_cores_group_smt_siblings(tmp_path):
+    from evaluate_kernel.evaluator import physical_cores
+    _fake_topology(tmp_path, {c: f"{c % 8},{c % 8 + 8}" for c in range(16)})
+    assert physical_cores(list(range(16)), str(tmp_path)) == [[c, c + 8] for c in range(8)]
+    assert physical_cores([0, 1, 2, 9], str(tmp_path)) == [[0], [1, 9], [2]]   # siblings outside the set drop
+    (tmp_path / "cpu20" / "topology").mkdir(parents=True)
+    (tmp_path / "cpu20" / "topology" / "thread_siblings_list").write_text("20-21\n")
+    assert physical_cores([20, 21, 30], str(tmp_path)) == [[20, 21], [30]]     # ranges; unreadable: alone
+
+
+def test_a_runner_gets_a_whole_physical_core(tmp_path, monkeypatch):
+    """The runner's SMT sibling takes no build, import or reference worker: a busy sibling slows the
+    runner's host work (and so a small call's batches) by tens of percent for seconds at a time."""
+    import types
+
+    from evaluate_kernel import evaluator
+    _fake_topology(tmp_path, {c: f"{c % 8},{c % 8 + 8}" for c in range(16)})
+    monkeypatch.setattr(evaluator.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    real = evaluator.physical_cores
+    monkeypatch.setattr(evaluator, "physical_cores", lambda cores: real(cores, str(tmp_path)))
+    for n_devices, k in ((1, 1), (2, 1), (2, 2)):
+        plan = types.SimpleNamespace(opts=types.SimpleNamespace(cpu_threads=k, pin_cpus=True))
+        evaluator.Evaluator._cpu_plan(plan, n_devices)
+        assert plan.pinned
+        runners = [c for cpus in plan._runner_cpus for c in cpus]
+        assert len(runners) == n_devices * k and all(len(cpus) == k for cpus in plan._runner_cpus)
+        idle = {c % 8 for c in runners}   # the physical cores the runners are on
+        assert len(idle) == len(runners) and not any(c % 8 in idle for c in plan.other_cpus)
+        assert len(plan.other_cpus) == 16 - 2 * len(runners)
+    plan = types.SimpleNamespace(opts=types.SimpleNamespace(cpu_threads=1, pin_cpus=True))
+    monkeypatch.setattr(evaluator.os, "sched_getaffinity", lambda pid: {0, 8}, raising=False)
+    evaluator.Evaluator._cpu_plan(plan, 1)   # one physical core: nothing left for the others, so no pinning
+    assert not plan.pinned
+
+
+def test_no_collection_runs_while_batches_are_timed():
+    """A collection of the whole heap is tens of milliseconds in a process with torch: off in either
+    worker once a timing starts (and back in the reference worker afterwards), and in the parent while
+    any of its evaluations times, however they overlap."""
+    import gc
+
+    import torch
+
+    from evaluate_kernel import batches, evaluation
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        batches.Batches(torch.nn.Identity(), {"get_inputs": lambda: [torch.randn(4)]}, torch.device("cpu"), False)
+        assert not gc.isenabled()
+        batches.release_collections()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        hold = evaluation._NoCollections
+        hold.hold()
+        hold.hold()
+        hold.release()
+        assert not gc.isenabled()   # the other timing still runs
+        hold.release()
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()

@@ -600,3 +600,16 @@ def test_baseline_info_reports_the_protocols_self_check():
         info = ev.baseline_info()
     assert info["median_ms"] > 0 and info["runner_ms"] > 0
     assert 0.8 < info["self_check"] < 1.25, info
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.bool, torch.int8, torch.float64])
+def test_the_gpu_digest_reads_every_dtype_as_words(dtype):
+    """The hash tree starts from each output's bytes as 64-bit words (the last one padded): sizes that
+    are no multiple of eight bytes, stacked or alone, give the same numbers, and every byte counts."""
+    calls = [[(torch.randn(n) * 4).to(dtype)] for n in (1, 3, 5, 8, 13)] * 2
+    d = eval_common.tree_digests
+    assert d(calls) == [d([c])[0] for c in calls]
+    x = (torch.randn(13) * 4).to(dtype)
+    y = x.clone()
+    y.view(torch.uint8)[-1] ^= 1     # the last byte, in the padded word
+    assert d([[x]]) != d([[y]])
