@@ -4,8 +4,9 @@ repeatable and how accurate its timing is, and how many candidates per hour it g
 
 Uses only evaluate_kernel's public API (Evaluator.for_task, .baseline_ms, .evaluate, .close) and the
 hand-written conv_groupnorm candidate in tests/kernels/conv_groupnorm_fused.py. Reports:
-  1. cold evaluation (fresh cache dir) and cached re-evaluation of the same source: wall time, split into
-     the build and the run's phases (EvalResult.details["build_wall_s"] and ["phases"]);
+  1. cold evaluation (fresh cache dir), a new source and a cached re-evaluation of the same source: wall
+     time, split into the build and the run's phases (EvalResult.details["build_wall_s"] and ["phases"]),
+     the timing into its batches' steps and the rest, as a table with each one's three biggest costs;
   2. repeatability: the same source evaluated 5 times, spread of the 5 medians;
   3. agreement with an independent measurement done here, in this process, by KernelBench's timer (CUDA
      events around each call, an L2 flush before it, median of 50), for the reference and the candidate;
@@ -70,6 +71,45 @@ def split(result, cache_dir: str | None = None) -> str:
         parts.append("build cached")
     parts += [f"{k} {v:.2f} s" for k, v in (d.get("phases") or {}).items() if isinstance(v, (int, float))]
     return ", ".join(parts) if parts else "no split reported"
+
+
+BATCH_STEPS = ("calls", "draw", "settle", "digest", "probe")
+
+
+def cost_rows(result, wall_s: float) -> dict[str, float]:
+    """Seconds per phase of one evaluation: the build, the run's phases, and the timing split into its
+    batches' steps (summed over both sides) and the rest (shipping and checking outputs, stopping the
+    runner, the exchanges between steps); "other" is the wall time no phase accounts for."""
+    d = result.details
+    rows: dict[str, float] = {}
+    if isinstance(d.get("build_wall_s"), (int, float)):
+        rows["build"] = float(d["build_wall_s"])
+    for k, v in (d.get("phases") or {}).items():
+        if isinstance(v, (int, float)) and k != "timing":
+            rows[k] = float(v)
+    timing, t = (d.get("phases") or {}).get("timing"), d.get("timing") or {}
+    if isinstance(timing, (int, float)):
+        batches = (t.get("batches_ref_ms") or []) + (t.get("batches_cand_ms") or [])
+        steps = {f"timing: {s}": sum(b.get(s, 0.0) for b in batches) / 1e3 for s in BATCH_STEPS}
+        rows.update(steps)
+        rows["timing: verify, stop, exchanges"] = max(0.0, timing - sum(steps.values()))
+    rows["other"] = max(0.0, wall_s - sum(rows.values()))
+    return rows
+
+
+def phase_table(runs: dict[str, tuple]) -> str:
+    """Markdown: one column per evaluation (label -> (result, wall seconds)), one row per phase, then each
+    column's three biggest costs."""
+    costs = {label: cost_rows(r, w) for label, (r, w) in runs.items()}
+    phases = list(dict.fromkeys(k for c in costs.values() for k in c))
+    head = "| phase (s) | " + " | ".join(costs) + " |\n|---|" + "---|" * len(costs) + "\n"
+    body = "".join(f"| {p} | " + " | ".join(f"{c[p]:.2f}" if p in c else "" for c in costs.values()) + " |\n"
+                   for p in phases)
+    total = "| wall | " + " | ".join(f"{w:.2f}" for _, w in runs.values()) + " |\n"
+    top = "".join(f"- {label}: biggest costs " + ", ".join(f"{p} {v:.2f} s" for p, v in
+                                                            sorted(c.items(), key=lambda kv: -kv[1])[:3]) + "\n"
+                  for label, c in costs.items())
+    return head + body + total + "\n" + top
 
 
 def timed_evaluate(ev, src: str):
@@ -187,6 +227,7 @@ def main() -> int:
         return 2
 
     started = time.perf_counter()
+    phases_md = ""
     over_budget = lambda: time.perf_counter() - started > args.budget_s
     task = tasks.get("conv_groupnorm")
     with open(FUSED) as f:
@@ -231,6 +272,9 @@ def main() -> int:
                     f"last: {split(fresh)}); status {fresh.status} (target <= 20 s)")
             cached, cached_wall = timed_evaluate(ev, src)
             add("cached evaluation (same source again)", f"{cached_wall:.1f} s wall ({split(cached)}); status {cached.status}")
+            runs = {"cold": (cold, cold_wall), "new": (fresh, fresh_wall)} if fresh_walls else {"cold": (cold, cold_wall)}
+            phases_md = phase_table(dict(runs, cached=(cached, cached_wall)))
+            print("\nwhere the time goes\n" + phases_md, flush=True)
 
             runtimes, speedups, walls = [], [], []
             for _ in range(args.repeats):
@@ -301,7 +345,8 @@ def main() -> int:
     print("\n" + table)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        f.write("# Evaluator benchmark (scripts/bench_eval.py)\n\n" + table)
+        f.write("# Evaluator benchmark (scripts/bench_eval.py)\n\n" + table
+                + (f"\n## Where the time goes\n\n{phases_md}" if phases_md else ""))
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
