@@ -159,7 +159,7 @@ class _Page:
         rows.append(("LLM failures", self._llm_failures()))
         rows.append(("settings", _e(", ".join(f"{k}={cfg.get(k)}" for k in (
             "islands", "generations", "beta", "eps_rel", "freeze", "alpha", "k_idea", "k_hyp",
-            "proposals", "repairs", "target_speedup", "seed") if k in cfg))))
+            "proposals", "repairs", "target_speedup", "seed") if cfg.get(k) is not None))))
         return _kv(rows)
 
     def best(self) -> str:

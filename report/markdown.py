@@ -38,7 +38,7 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
              f"- stopped: {why} after {search.round} {_plural(search.round, 'round')} "
              f"(wall time {wall_s / 60:.1f} min, all sessions)",
              f"- device: {hardware_name(search.device)}",
-             f"- reference (s_0): {s0:.4g} ms; target r: {search.target:.4g} ms"]
+             f"- reference (s_0): {s0:.4g} ms; target r: {target_text(search.target)}"]
     lines.append("- " + best_summary(search.global_best, s0, _text(search, (search.global_best or {}).get("program"))))
     for name, u in search.state()["usage"].items():
         if u:
@@ -99,6 +99,11 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     path = rd.path / "report.md"
     write_atomic(path, "\n".join(lines) + "\n")
     return path
+
+
+def target_text(target: float) -> str:
+    """The target r as report.md states it: r = 0 is the default, not a missing figure."""
+    return f"{target:.4g} ms" if target else "0 ms (no --target-speedup: progress counts toward 0 ms)"
 
 
 def best_summary(best: dict | None, s0: float, text: str | None = None) -> str:

@@ -68,3 +68,8 @@ def test_progress_png_legend_hides_nothing_and_failures_have_their_band(tmp_path
     assert len(band.collections) >= 3 and not any(c.get_offsets().shape[0] and c.get_offsets()[:, 1].max() < 0.5
                                                    and c.get_offsets()[:, 1].min() > 5 for c in speed.collections)
     assert markdown.plot_progress(data, "synthetic", Path(tmp_path / "p.png"), 0.001)
+
+
+def test_report_md_states_a_zero_target_as_the_default():
+    assert markdown.target_text(2.5) == "2.5 ms"
+    assert markdown.target_text(0.0) == "0 ms (no --target-speedup: progress counts toward 0 ms)"

@@ -189,7 +189,7 @@ def make_run(path: Path, generations: int, islands: int = 3, seed: int = 0) -> P
     (path / "evals").mkdir()
     s0 = 4.0
     config = {"task": "synthetic", "islands": islands, "generations": generations, "eps_rel": 0.9,
-              "k_idea": 5, "model": "fake", "eval_cache": None}
+              "k_idea": 5, "model": "fake", "eval_cache": None, "target_speedup": None}
     task = {"name": "synthetic", "rtol": 1e-4, "device": "cpu"}   # as driver/rundir.py writes the task's settings
     (path / "config.json").write_text(json.dumps({"config": config, "task": task, "device": "cpu",
                                                   "hardware": "a CPU", "started": "20260101-000000"}))
@@ -285,6 +285,7 @@ def test_small_synthetic_run_checks_out(tmp_path):
     assert "llm_failure: 2" in page.of("other-events")   # an event kind the page does not know
     html = (out / "report.html").read_text()
     assert "<h1>pacevolve run: synthetic</h1>" in html and "'rtol'" not in html
+    assert "k_idea=5" in html and "target_speedup=None" not in html   # a setting left at None is not listed
     assert "What each improvement of the best cost" in page.of("cost")
 
 

@@ -168,6 +168,7 @@ def test_full_run_writes_every_file(full_run):
     assert "class ModelNew" in best and "ms vs reference" in best.splitlines()[0]
     report = (out / "report.md").read_text()
     assert "Island 0" in report and "Island 2" in report
+    assert "target r: " in report and "(no --target-speedup" not in report   # --target-speedup 1.1 sets r
     # honest CPU candidates are within noise of the reference: either may be faster
     assert "**best:" in report or "**nothing beat the reference" in report
     assert "[island 0 gen   1]" in proc.stdout and "global best" in proc.stdout
