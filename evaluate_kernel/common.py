@@ -137,9 +137,10 @@ def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 1
     A sum of per-element terms would be linear: a candidate could ship a right output afterwards and tune
     low bits until it matched a digest committed for garbage. So: on the CPU, BLAKE2b over the outputs'
     bytes (with their shapes and dtypes); on a GPU, where copying every output to the host would cost more
-    than the calls, a hash tree computed in place: the outputs' bytes as 64-bit words, each mixed with its
-    index, go through a 64-bit mixer (splitmix64's finaliser), then neighbours are combined and mixed
-    again, level by level, down to one value, and a call's outputs are chained in order. Changing any element changes every value
+    than the calls, a hash tree computed in place: the outputs' bytes as 64-bit words, each added its
+    index term, pairs of words joined by a function no one word can be solved from (_pairs), then
+    neighbours combined through a 64-bit mixer (splitmix64's finaliser), level by level, down to one
+    value, and a call's outputs are chained in order. Changing any element changes every value
     above it unpredictably, so matching a committed digest means recomputing the same bits. Exact
     (integer arithmetic wraps) on any GPU. Calls whose outputs have the same shapes and dtypes are stacked
     (chunk_bytes of outputs at a time), so a batch of n calls costs a few kernels per level, not per call;
@@ -167,12 +168,13 @@ def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: in
                 if signature else None
             for k in range(len(signature)):
                 words = _words(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
+                if words.shape[1] % 2:
+                    words = _pad_odd(words)
                 key = (words.shape[1], str(words.device))
                 if key not in weights:
                     idx = torch.arange(words.shape[1], dtype=torch.int64, device=words.device)
                     weights[key] = idx * _GOLDEN + _SEED
-                root = _tree(_mix(words + weights[key]))
-                total = _mix(total * _GOLDEN + root)
+                total = _mix(total * _GOLDEN + _tree(_pairs(words + weights[key])))
             values = total.tolist() if total is not None else [0] * len(chunk)
             for i, v in zip(chunk, values):
                 out[i] = int(v)
@@ -215,6 +217,20 @@ def _mix(x):
     x = x ^ _shr(x, 27)
     x = x * _M2
     return x ^ _shr(x, 31)
+
+
+def _pairs(v):
+    """[m, 2k] -> [m, k]: the bottom level, each pair of words (a, b) to mix(a*G + b) ^ mix(b*G' + a).
+    Every step above it is a bijection in either child, so from a committed digest one can compute what
+    any one node below must have been; at the bottom that stops: given a and the node, no b is found but
+    by trying all 2^64 (each of the two terms is a bijection of b, their XOR is not). A bottom of plain
+    bijections (each word mixed, then pairs combined as above) let a forger solve for the last word of a
+    right output given the rest, and retry the free low bits of its neighbours until that word too lay
+    within tolerance: about 2^38 tries for float32, seconds on a GPU."""
+    if v.shape[1] == 0:
+        return v
+    a, b = v[:, 0::2], v[:, 1::2]
+    return _mix(a * _GOLDEN + b) ^ _mix(b * _M1 + a)
 
 
 def _tree(v):

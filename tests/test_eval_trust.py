@@ -613,3 +613,75 @@ def test_the_gpu_digest_reads_every_dtype_as_words(dtype):
     y = x.clone()
     y.view(torch.uint8)[-1] ^= 1     # the last byte, in the padded word
     assert d([[x]]) != d([[y]])
+
+
+# The GPU digest written out in plain Python integers (64-bit, unsigned), for one float32 output.
+_MASK = (1 << 64) - 1
+_G, _SEED, _M1, _M2 = 0x9E3779B97F4A7C15, 0x232BE59BD9B4E019, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix(x):
+    x &= _MASK
+    x ^= x >> 30
+    x = x * _M1 & _MASK
+    x ^= x >> 27
+    x = x * _M2 & _MASK
+    return x ^ (x >> 31)
+
+
+def _unmix(y):
+    y ^= (y >> 31) ^ (y >> 62)
+    y = y * pow(_M2, -1, 1 << 64) & _MASK
+    y ^= (y >> 27) ^ (y >> 54)
+    y = y * pow(_M1, -1, 1 << 64) & _MASK
+    return y ^ (y >> 30) ^ (y >> 60)
+
+
+def _words_of(x):
+    raw = x.numpy().tobytes()
+    return [int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)]
+
+
+def _tree_of(level):
+    while len(level) > 1:
+        level = [_mix(level[i] * _G + level[i + 1]) for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def _digest_of(words, bottom):
+    v = [(w + i * _G + _SEED) & _MASK for i, w in enumerate(words)]
+    root = _tree_of(bottom(v))
+    d = _mix(_SEED * _G + root)
+    return d - (1 << 64) if d >> 63 else d
+
+
+def _pairs(v):   # the documented bottom level
+    return [_mix(a * _G + b) ^ _mix(b * _M1 + a) for a, b in zip(v[0::2], v[1::2])]
+
+
+def _bijections(v):   # a bottom of bijections: each word mixed, then pairs as above
+    return [_mix(_mix(a) * _G + _mix(b)) for a, b in zip(v[0::2], v[1::2])]
+
+
+def test_the_gpu_digest_is_the_documented_construction():
+    for n in (8, 16, 32):
+        x = torch.randn(n)
+        assert eval_common.tree_digests([[x]])[0] == _digest_of(_words_of(x), _pairs)
+
+
+def test_no_word_of_an_output_can_be_solved_for_from_a_committed_digest():
+    """A forger commits the digest of garbage, later computes the right output of the call chosen for the
+    check and solves for its last word so that the digest matches (then retries its neighbours' free low
+    bits until that word lies within tolerance too). Every step above the bottom is a bijection in either
+    child, so the solve reaches the bottom; with a bottom of bijections it reaches the word itself."""
+    garbage, right = torch.randn(8), torch.randn(8)
+    for bottom, solvable in ((_bijections, True), (_pairs, False)):
+        target = _digest_of(_words_of(garbage), bottom) & _MASK
+        w = _words_of(right)
+        v = [(x + i * _G + _SEED) & _MASK for i, x in enumerate(w)]
+        root = (_unmix(target) - _SEED * _G) & _MASK
+        left = bottom(v)[0]
+        node = (_unmix(root) - left * _G) & _MASK                 # what the right pair must give
+        last = (_unmix((_unmix(node) - _mix(v[2]) * _G) & _MASK) - 3 * _G - _SEED) & _MASK   # as for bijections
+        forged = _digest_of(w[:3] + [last], bottom) & _MASK
+        assert (forged == target) is solvable
