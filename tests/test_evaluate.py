@@ -767,3 +767,45 @@ def test_evaluators_sharing_a_cache_build_a_source_once(tmp_path):
     assert not any("tamper" in r.details.get("build_note", "") for r in results), [r.details.get("build_note") for r in results]
     if evs[0].isolation == "pid+mount namespace":   # markers are signed only there
         assert sum(bool(r.details.get("build_cached")) for r in results) == 3, [r.details.get("compile_s") for r in results]
+
+
+_ONE_EVALUATION = """
+import json, sys
+import evaluate_kernel as ek
+ref, cand = (open(p).read() for p in sys.argv[1:3])
+cache = sys.argv[3]
+with ek.Evaluator(ref, device="cpu", cache_dir=cache, max_pairs=3, timing_s=0.5) as ev:
+    r = ev.evaluate(cand)
+print(json.dumps({"status": r.status, "message": r.message, "cached": bool(r.details.get("build_cached")),
+                  "note": r.details.get("build_note", ""), "isolation": ev.isolation}))
+"""
+
+
+@pytest.mark.slow   # two minutes: four processes' Evaluators and two C++ builds on two cores
+def test_processes_sharing_a_cache_build_each_source_once(tmp_path):
+    """Four processes, each with its own Evaluator on one cache directory, at once: three given one C++
+    candidate, one given another. The file lock beside a build serves processes as it serves threads:
+    each source is built once, the others load it, and nothing reads as tampered with."""
+    import subprocess
+    import sys
+    other = HONEST_CPP + "\n# another source, the same extension\n"
+    files = {}
+    for name, text in (("ref.py", REF), ("same.py", HONEST_CPP), ("other.py", other)):
+        files[name] = tmp_path / name
+        files[name].write_text(text)
+    cache = str(tmp_path / "shared")
+    root = str(HERE.parent.parent) if (HERE.parent.parent / "evaluate_kernel").is_dir() else str(HERE.parent)
+    env = dict(os.environ, PYTHONPATH=root)
+    procs = [subprocess.Popen([sys.executable, "-c", _ONE_EVALUATION, str(files["ref.py"]), str(files[cand]), cache],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cand in ("same.py", "same.py", "same.py", "other.py")]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(o["status"] == "ok" for o in outs), outs
+    assert not any("tamper" in o["note"] for o in outs), outs
+    if outs[0]["isolation"] == "pid+mount namespace":   # markers are signed only there
+        assert [o["cached"] for o in outs[:3]].count(False) == 1, outs   # one of the three built it
+        assert outs[3]["cached"] is False, outs                         # the other source was built anew
