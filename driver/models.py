@@ -402,13 +402,13 @@ class Role:
     """The LLM HCM calls for one role: each call goes to one of `clients` ({model: callable}), chosen by
     `choice` with the calling island's seeded generator, within `spend`'s cap. `model`, `last`,
     `last_retries` and `last_usd` describe this thread's latest call (the transcript reads them);
-    `usage` counts every call as llm.Client does."""
+    `usage` counts every call as llm.Client does, and the set-up probes among them."""
 
     def __init__(self, role: str, clients: dict, choice: Choice, spend: Spend, seed: int = 0):
         self.role, self.clients, self.choice, self.spend, self.seed = role, dict(clients), choice, spend, seed
         self.rngs: dict = {}
         self.usage = dict(calls=0, prompt_tokens=0, completion_tokens=0, reasoning_tokens=0, total_tokens=0,
-                          retries=0, failures=0)
+                          retries=0, failures=0, probes=0)
         self._local, self._lock = threading.local(), threading.Lock()
 
     def __call__(self, prompt: str) -> str:
@@ -490,6 +490,7 @@ class Role:
                 self.usage["total_tokens"] += int(u.get("total") or 0)
                 self.usage["retries"] += int(getattr(client, "last_retries", 0) or 0)
                 self.usage["failures"] += failed
+                self.usage["probes"] += model is not None   # the set-up's test call of each model
 
 
 class _Caller:

@@ -154,11 +154,12 @@ class ReplayClient:
     def __init__(self, recording: Recording, role: str, model: str | None):
         self.recording, self.role, self.model = recording, role, model
         self.usage = dict(calls=0, prompt_tokens=0, completion_tokens=0, reasoning_tokens=0, total_tokens=0,
-                          retries=0, failures=0)
+                          retries=0, failures=0, probes=0)
         self._local, self._lock = threading.local(), threading.Lock()
         for call in recording.reading.calls:
             if call.get("stage") == "setup" and call.get("role") == role:
                 self._count(call)
+                self.usage["probes"] += 1
 
     def for_island(self, island: int) -> "_IslandView":
         return _IslandView(self, island)

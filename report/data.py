@@ -156,6 +156,14 @@ class Run:
         return list(past.values())
 
 
+def calls_text(usage: dict) -> str:
+    """A role's LLM calls as both reports state them: "38 calls (1 set-up probe)"; a replay's transcript
+    holds the replies but not the probes, which a replay does not make again."""
+    calls, probes = int(usage.get("calls", 0)), int(usage.get("probes", 0))
+    text = f"{calls:,} {'call' if calls == 1 else 'calls'}"
+    return text + (f" ({probes} set-up {'probe' if probes == 1 else 'probes'})" if probes else "")
+
+
 def task_name(run: Run) -> str:
     """The task's name: config.json keeps it under "task" (older runs: a name; newer: the task's settings)."""
     task = run.meta.get("task")

@@ -151,7 +151,7 @@ class _Page:
         for name, u in usage.items():
             if u:
                 rows.append((f"LLM {name} ({_e(models.get(name) or '?')})",
-                             f"{u.get('calls', 0):,} calls, {u.get('prompt_tokens', 0):,} prompt + "
+                             f"{report_data.calls_text(u)}, {u.get('prompt_tokens', 0):,} prompt + "
                              f"{u.get('completion_tokens', 0):,} output tokens"
                              + (f" ({u['reasoning_tokens']:,} reasoning)" if u.get("reasoning_tokens") else "")
                              + (f", {u['retries']} retries" if u.get("retries") else "")))

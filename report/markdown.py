@@ -25,6 +25,7 @@ from driver import transcript
 from driver.rundir import hardware_name, write_atomic
 from report import chart as report_chart
 from report import cost as report_cost
+from report.data import calls_text
 
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = {"backtrack": "v", "crossover": "*"}
@@ -42,7 +43,7 @@ def write_report(search, why: str, wall_s: float | None = None) -> Path:
     lines.append("- " + best_summary(search.global_best, s0, _text(search, (search.global_best or {}).get("program"))))
     for name, u in search.state()["usage"].items():
         if u:
-            lines.append(f"- LLM {name}: {u.get('calls', 0)} {_plural(u.get('calls', 0), 'call')}, "
+            lines.append(f"- LLM {name}: {calls_text(u)}, "
                          f"{u.get('prompt_tokens', 0):,} prompt + {u.get('completion_tokens', 0):,} output "
                          f"tokens, {u.get('retries', 0)} retried")
     watch = getattr(search, "llm_watch", None)

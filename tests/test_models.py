@@ -341,6 +341,8 @@ def test_the_probe_reaches_every_model_with_its_clients_settings():
     assert [one.model for one in ones] == ["a", "b"] and ones[0].base_url == "http://127.0.0.1:9/v1"
     assert [one("p") for one in ones] == ["a", "b"]
     assert role.spend.pending == {}   # a probe is no island's call
+    role.for_island(0)("q")
+    assert role.usage["calls"] == 3 and role.usage["probes"] == 2   # the reports say how many were probes
 
 
 def test_a_round_cut_short_is_not_begun_again_under_the_same_cap():

@@ -73,3 +73,10 @@ def test_progress_png_legend_hides_nothing_and_failures_have_their_band(tmp_path
 def test_report_md_states_a_zero_target_as_the_default():
     assert markdown.target_text(2.5) == "2.5 ms"
     assert markdown.target_text(0.0) == "0 ms (no --target-speedup: progress counts toward 0 ms)"
+
+
+def test_both_reports_say_how_many_calls_were_set_up_probes():
+    from report.data import calls_text
+    assert calls_text({"calls": 38, "probes": 1}) == "38 calls (1 set-up probe)"
+    assert calls_text({"calls": 1}) == "1 call"
+    assert calls_text({"calls": 2000, "probes": 3}) == "2,000 calls (3 set-up probes)"
