@@ -27,22 +27,25 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
 - The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
   before any candidate code: confine.py); on the CPU it may not start processes, on a GPU those it starts
   are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's
-  time lags by up to a scheduler tick), it may hold no timers and at most 64 threads (a timer fires on
-  the reference's core while the runner is stopped). In the namespace every file system but the cache
-  and /dev is read-only to it, and it holds no capability (no remount, no file handles).
+  time lags by up to a scheduler tick). It may hold no timers and at most 64 threads, and it has no
+  network (a timer, or a paced socket's, fires on the reference's core while the runner is stopped). In
+  the namespace every file system but the cache and /dev is read-only to it, and it holds no capability
+  (no remount, no file handles).
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
-  namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
+  + network namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
 
-Not protected: work moved into a bookkeeping step (drawing inputs, digests) is charged, but the upper half
-of that step's noise is not, so such a candidate saves about 0.4 of the step's spread (a few percent where
-drawing a call's inputs costs as much as the call); outputs of calls not chosen for checking are bound
+Not protected: the runner draws its own inputs and digests its own outputs, by code it can replace, and a
+step is charged only beyond the reference worker's time for it: a leaner harness that fills the
+difference with the calls' work gains it (fourth red team: 2.4x over the twin on a 100 us CPU softmax,
+whose drawing and digesting take six times its calls; 1.06x on conv_groupnorm_small, nothing measured on
+a GPU). The cure is bookkeeping outside the candidate's process (inputs written into, outputs read from
+the stopped runner's memory), not built yet. Outputs of calls not chosen for checking are bound
 only by their digests, so a candidate that skips a fraction f of its calls is caught with probability
 1-(1-f)^k over k checks; without a namespace, a process that clears its environment and leaves its
 worker's tree escapes the sweep, and the runner can signal the reference worker (its death then rejects
-the candidate); the cache directory and /dev/shm stay writable to candidates; on a GPU the runner may
-hold timers (their interrupts on the reference's core are not measured there). Not measured: energy, memory footprint
+the candidate); the cache directory and /dev/shm stay writable to candidates. Not measured: energy, memory footprint
 as a score, clock locking (the GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the

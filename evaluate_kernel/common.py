@@ -288,7 +288,7 @@ class Options:
     timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 3 s on the CPU, where a
     # loaded machine may never reach 2% and every candidate of a search would pay the whole budget)
     verify_per_batch: int = 1  # calls per candidate batch whose outputs are checked (chosen after its digests)
-    max_threads: int = 64  # (CPU) threads a runner may hold while it is stopped for the reference (each can
+    max_threads: int = 64  # threads a runner may hold while it is stopped for the reference (each can
     # leave a wake-up that fires on the reference's core, where its interrupt is the reference's CPU time)
     probe_ms: float = 0.2  # a trivial kernel slower than this (or 4x its idle time) after a batch: GPU busy
     drain_s: float = 5.0  # the GPU must be idle this soon after the candidate's batch ends

@@ -10,14 +10,16 @@ do the io_uring calls (the kernel threads that serve a ring take any core and ke
 runner is stopped), so do name_to_handle_at and open_by_handle_at (a file reached by its handle lies past
 the namespace's read-only mounts), and so does every system call made through another ABI (32-bit or
 x32 entry points that a filter keyed on 64-bit numbers would not see). A filter cannot be removed once
-installed, and the candidate's code runs only after it is in place.
+installed, and the candidate's code runs only after it is in place. So do alarm, setitimer, timer_create
+and timerfd_create: a timer goes on firing while the runner is stopped, as interrupts on the core the
+reference is timed on next (on the CPU their cost is the reference's CPU time; on a GPU they delay its
+launches: a storm of timerfds read 1.2-1.6x over the twin on conv_groupnorm). The parent also bounds the
+runner's threads, each of which can hold one wake-up, and the namespace has no network (a paced TCP
+socket keeps a kernel timer of its own on the core that wrote to it: sandbox.py).
 
 With no_processes (the CPU, where the parent's clock is the runner's CPU time, which counts every
 thread of the runner but no other process): fork, vfork, clone without CLONE_THREAD, execve and
-execveat fail with EPERM too, and clone3 with ENOSYS (the C library then starts threads with clone);
-so do alarm, setitimer, timer_create and timerfd_create: a timer goes on firing while the runner is
-stopped, as interrupts on the core the reference is timed on next, and there an interrupt's cost is the
-reference's CPU time (the parent also bounds the runner's threads, each of which can hold one wake-up).
+execveat fail with EPERM too, and clone3 with ENOSYS (the C library then starts threads with clone).
 Threads may start; on a GPU, processes may too (a runner that must build its own extension runs ninja),
 and the parent kills any it finds and rejects the candidate (evaluation.py).
 
@@ -29,18 +31,19 @@ import ctypes
 import os
 import platform
 
-_ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, scheduling calls, process calls, clone, clone3, x32 bit)
-    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304),
-               (57, 58, 59, 322, 37, 38, 222, 283), 56, 435, 0x40000000),
-    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274, 425, 426, 427, 264, 265), (221, 281, 103, 107, 85), 220,
+_ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
+    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283),
+               (57, 58, 59, 322), 56, 435, 0x40000000),
+    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274, 425, 426, 427, 264, 265, 103, 107, 85), (221, 281), 220,
                 435, None),
 }
-# sched_setparam, sched_setscheduler, sched_setaffinity, setpriority, sched_setattr, and io_uring_setup,
-# _enter, _register (its kernel workers run on any core and go on after SIGSTOP), name_to_handle_at and
+# Always: sched_setparam, sched_setscheduler, sched_setaffinity, setpriority, sched_setattr; io_uring_setup,
+# _enter, _register (its kernel workers run on any core and go on after SIGSTOP); name_to_handle_at and
 # open_by_handle_at (an inode by its handle: past the namespace's read-only mounts; the namespace also
-# drops the capability they need); on the CPU also fork, vfork, execve, execveat (aarch64 has no fork or
-# vfork) and alarm, setitimer, timer_create, timerfd_create (timers keep firing while the runner is stopped,
-# as interrupts on the core the reference is timed on; aarch64 has no alarm)
+# drops the capability they need); alarm, setitimer, timer_create, timerfd_create (timers keep firing
+# while the runner is stopped, as interrupts on the core the reference is timed on: on the CPU charged to
+# its CPU time, on a GPU delaying its launches; aarch64 has no alarm). On the CPU also fork, vfork,
+# execve, execveat (aarch64 has no fork or vfork).
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
 _CLONE_THREAD = 0x00010000

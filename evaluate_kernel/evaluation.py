@@ -304,7 +304,7 @@ class Evaluation:
             threads = len(os.listdir(f"/proc/{main}/task"))
         except OSError:
             threads = 0
-        if self.ev.device != "cuda" and threads > self.opts.max_threads:
+        if threads > self.opts.max_threads:
             return EvalResult("rejected", message=f"rejected: the candidate's process ran {threads} threads while "
                               f"it was timed (at most {self.opts.max_threads}: each can leave a timer that fires "
                               "on the reference's core while it is timed)", details=self.details)

@@ -95,7 +95,7 @@ class Evaluator:
         self._seal = None if problem else BuildSeal(self._key_dir)
         if problem:
             forget_key(self._key_dir)
-        self.isolation = f"none: {problem}" if problem else "pid+mount namespace"
+        self.isolation = f"none: {problem}" if problem else "pid+mount+net namespace"
         self._tamper_events, self._tamper_note = 0, ""
         self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
         self._code_lock = threading.Lock()

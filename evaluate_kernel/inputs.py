@@ -93,7 +93,7 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
 
     Re-seeded weights plus perturbed biases and norm parameters stop shortcuts tuned to seed-42 weights or
     to GroupNorm's weight=1, bias=0. The k-th of the reference's 1-D parameters (registration order) gets
-    the k-th delta. In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
+    the k-th delta, or the delta of the first one built with the same shape and values (_delta_indices). In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
     parameter of the same name and shape, else the first not yet taken of the same shape and the same values
     (both models built from the same seed: a renamed conv bias, a norm's ones and zeros, whatever order
     ModelNew declares them in), else the first not yet taken of the same shape in registration order;
@@ -111,16 +111,29 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
     if perturb:
         if ref_params is None:
             targets = [p for _, p in model.named_parameters() if p.dim() <= 1]
+            ref_values = [p.detach().cpu().clone() for p in targets]
         else:
             targets, missing = _counterparts(dict(model.named_parameters()), ref_params, ref_values)
+        delta = _delta_indices(ref_values or [])
         with torch.no_grad():
             for k, p in enumerate(targets):
                 if p is None:
                     continue
-                seed = int(hashlib.sha256(f"{weight_seed}:{k}".encode()).hexdigest()[:8], 16)
+                seed = int(hashlib.sha256(f"{weight_seed}:{delta.get(k, k)}".encode()).hexdigest()[:8], 16)
                 g = torch.Generator().manual_seed(seed)
                 p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.device, p.dtype) * 0.5)
     return model.to(device), missing
+
+
+def _delta_indices(values: list) -> dict[int, int]:
+    """k -> the first j with the same shape and values as the reference's k-th parameter: which delta it
+    gets. Parameters nothing tells apart (two norms' ones, built alike) get the same delta, so a ModelNew
+    that renames them and declares them in another order is not judged by which of them got which."""
+    import torch
+    out: dict[int, int] = {}
+    for k, v in enumerate(values):
+        out[k] = next((j for j in range(k) if values[j].shape == v.shape and torch.equal(values[j], v)), k)
+    return out
 
 
 def _counterparts(params: dict, ref_params: list, ref_values: list | None = None) -> tuple[list, list[str]]:

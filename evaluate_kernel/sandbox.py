@@ -113,9 +113,13 @@ class PrivateCode:
 
 @dataclass
 class Namespace:
-    """The PID + mount namespace a builder or runner starts in: `read_only` directories are bind-mounted
-    read-only (recursively, so a writable directory bound inside one first stays writable); `hidden`
-    directories are covered by an empty read-only tmpfs, last, so they stay hidden inside either."""
+    """The PID + mount + network namespace a builder or runner starts in: `read_only` directories are
+    bind-mounted read-only (recursively, so a writable directory bound inside one first stays writable);
+    `hidden` directories are covered by an empty read-only tmpfs, last, so they stay hidden inside either.
+    The network namespace has only a loopback device that is down and cannot be brought up (no capability):
+    no socket reaches anything, not even this machine (a thousand loopback TCP connections with a pacing
+    rate keep a kernel timer each firing on the runner's core while it is stopped and the reference is
+    timed there: 1.8x over the twin on a small CPU softmax)."""
     read_only: list[str]
     writable: list[str]
     hidden: list[str] = field(default_factory=list)
@@ -130,7 +134,7 @@ class Namespace:
         # it every process in the namespace. An empty bounding set: no remount or umount (so no way under
         # the tmpfs that hides the key), no open_by_handle_at (an inode reached by its handle is on the
         # writable mount beneath the read-only bind), no device nodes, no kernel modules.
-        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--", "/bin/sh", "-c",
+        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--", "/bin/sh", "-c",
                 _MOUNT_SCRIPT, "sh", str(len(writable)), *writable, str(len(read_only)), *read_only,
                 str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-all", "--", *argv]
 
@@ -229,7 +233,8 @@ def namespace_problem() -> str:
         outside = os.path.join(tempfile.gettempdir(), f".pacevolve-ns-probe-{os.getpid()}")
         probe = Namespace([d], [], [secret]).wrap(
             ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! touch {outside} 2>/dev/null && "
-                              f"! test -e {secret}/key && test \"$$\" = 1"])
+                              f"! test -e {secret}/key && test \"$$\" = 1 && "
+                              "test \"$(grep -c : /proc/net/dev)\" = 1"])   # loopback only
         try:
             r = subprocess.run(probe, capture_output=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -3,7 +3,7 @@
 Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`) that cheats in one known
 way (tests/cheats/README.md has the catalogue). Its module docstring carries machine-readable lines:
 
-    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu
+    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu | two_gn
     EXPECT:    a |-separated set of statuses, or "honest-timing", "no-profit" or "no-leak"
     TWIN:      for "no-profit": the honest file in tests/honest/ computing the same thing without the trick
     RULE:      keywords (|-separated, any one) the message must contain when the status is "rejected"
@@ -279,6 +279,33 @@ def _gn(batch: int, in_ch: int, out_ch: int, size: int, groups: int) -> str:
             .replace("SIZE", str(size)).replace("GROUPS", str(groups)))
 
 
+TWO_GN_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Conv2d -> GroupNorm -> ReLU -> GroupNorm: two norms of one shape, built alike."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, groups):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.gn1 = nn.GroupNorm(groups, out_channels)
+        self.gn2 = nn.GroupNorm(groups, out_channels)
+
+    def forward(self, x):
+        return self.gn2(torch.relu(self.gn1(self.conv(x))))
+
+
+def get_inputs():
+    return [torch.randn(8, 3, 24, 24)]
+
+
+def get_init_inputs():
+    return [3, 16, 3, 4]
+'''
+
+
 REFERENCES = {
     "gn": _gn(8, 3, 16, 32, 8),                    # level2 #92 at KernelBench v0 sizes, batch 8
     "gn_cuda": _gn(32, 8, 64, 128, 16),            # a quarter of the v0.1 batch, for the GPU tests
@@ -289,6 +316,7 @@ REFERENCES = {
     "loop_softmax": LOOP_SOFTMAX_SRC,
     "inf_relu": INF_RELU_SRC,
     "bmm_instnorm": BMM_INSTNORM_SRC,
+    "two_gn": TWO_GN_SRC,
 }
 
 

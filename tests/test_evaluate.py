@@ -765,7 +765,7 @@ def test_evaluators_sharing_a_cache_build_a_source_once(tmp_path):
             e.close()
     assert all(r.status == "ok" for r in results), [r.message for r in results]
     assert not any("tamper" in r.details.get("build_note", "") for r in results), [r.details.get("build_note") for r in results]
-    if evs[0].isolation == "pid+mount namespace":   # markers are signed only there
+    if evs[0].isolation == "pid+mount+net namespace":   # markers are signed only there
         assert sum(bool(r.details.get("build_cached")) for r in results) == 3, [r.details.get("compile_s") for r in results]
 
 
@@ -806,6 +806,6 @@ def test_processes_sharing_a_cache_build_each_source_once(tmp_path):
         outs.append(json.loads(out.strip().splitlines()[-1]))
     assert all(o["status"] == "ok" for o in outs), outs
     assert not any("tamper" in o["note"] for o in outs), outs
-    if outs[0]["isolation"] == "pid+mount namespace":   # markers are signed only there
+    if outs[0]["isolation"] == "pid+mount+net namespace":   # markers are signed only there
         assert [o["cached"] for o in outs[:3]].count(False) == 1, outs   # one of the three built it
         assert outs[3]["cached"] is False, outs                         # the other source was built anew
