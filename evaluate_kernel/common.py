@@ -153,6 +153,7 @@ def digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 1
 
 def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: int = 1 << 30) -> list[int]:
     """The GPU's digest (see digests), on whatever device the outputs are."""
+    import numpy as np
     import torch
     weights = {} if weights is None else weights
     out: list[int] = [0] * len(calls)
@@ -164,8 +165,7 @@ def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: in
         step = max(1, chunk_bytes // size)
         for start in range(0, len(members), step):
             chunk = members[start:start + step]
-            total = torch.full((len(chunk),), _SEED, dtype=torch.int64, device=calls[chunk[0]][0].device) \
-                if signature else None
+            total = np.full(len(chunk), _SEED, dtype=np.int64).view(np.uint64) if signature else None
             for k in range(len(signature)):
                 words = _words(torch.stack([calls[i][k].detach() for i in chunk]).reshape(len(chunk), -1))
                 if words.shape[1] % 2:
@@ -174,8 +174,8 @@ def tree_digests(calls: list[list], weights: dict | None = None, chunk_bytes: in
                 if key not in weights:
                     idx = torch.arange(words.shape[1], dtype=torch.int64, device=words.device)
                     weights[key] = idx * _GOLDEN + _SEED
-                total = _mix(total * _GOLDEN + _tree(_pairs(words + weights[key])))
-            values = total.tolist() if total is not None else [0] * len(chunk)
+                total = _mix(total * _U(_GOLDEN) + _tree(_pairs(words + weights[key])))
+            values = total.view(np.int64).tolist() if total is not None else [0] * len(chunk)
             for i, v in zip(chunk, values):
                 out[i] = int(v)
     return out
@@ -205,17 +205,30 @@ _GOLDEN, _SEED = _signed(0x9E3779B97F4A7C15), _signed(0x232BE59BD9B4E019)
 _M1, _M2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
 
 
+def _U(v: int):
+    """A constant as the host's unsigned 64-bit integer (its signed value's bits)."""
+    import numpy as np
+    return np.int64(v).view(np.uint64)
+
+
 def _shr(x, s: int):
-    """Logical right shift of int64 values (torch's >> on int64 is arithmetic)."""
+    """Logical right shift of 64-bit values: torch's >> on int64 is arithmetic; numpy's uint64 is unsigned."""
+    import numpy as np
+    if isinstance(x, np.ndarray):
+        return x >> _U(s)
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
 def _mix(x):
-    """splitmix64's finaliser, elementwise on an int64 tensor (a bijection with full avalanche)."""
+    """splitmix64's finaliser, elementwise on an int64 tensor or a uint64 array (a bijection with full
+    avalanche; the same bits either way)."""
+    import numpy as np
+    host = isinstance(x, np.ndarray)
+    m1, m2 = (_U(_M1), _U(_M2)) if host else (_M1, _M2)
     x = x ^ _shr(x, 30)
-    x = x * _M1
+    x = x * m1
     x = x ^ _shr(x, 27)
-    x = x * _M2
+    x = x * m2
     return x ^ _shr(x, 31)
 
 
@@ -233,13 +246,23 @@ def _pairs(v):
     return _mix(a * _GOLDEN + b) ^ _mix(b * _M1 + a)
 
 
-def _tree(v):
-    """[m, n] -> [m]: neighbours combined and mixed, level by level (an odd one out is carried up)."""
-    while v.shape[1] > 1:
+def _tree(v, host_values: int = 1 << 16):
+    """[m, n] int64 tensor -> [m] uint64 array: neighbours combined and mixed, level by level (an odd one
+    out is carried up). Once the levels hold at most host_values values they go on on the host (numpy,
+    the same bits): a level on a GPU is a dozen kernel launches however small, and the last dozen levels
+    of a few large outputs were all launches (3.5 ms of host work, the digest's noise, for six 8 MB
+    outputs)."""
+    import numpy as np
+    while v.shape[1] > 1 and v.shape[0] * v.shape[1] > host_values:
         if v.shape[1] % 2:
             v = _pad_odd(v)
         v = _mix(v[:, 0::2] * _GOLDEN + v[:, 1::2])
-    return v[:, 0] if v.shape[1] else v.new_zeros(v.shape[0])
+    h = v.detach().cpu().numpy().view(np.uint64)
+    while h.shape[1] > 1:
+        if h.shape[1] % 2:
+            h = np.concatenate([h, h[:, -1:] ^ _U(_M2)], axis=1)
+        h = _mix(h[:, 0::2] * _U(_GOLDEN) + h[:, 1::2])
+    return h[:, 0] if h.shape[1] else np.zeros(h.shape[0], dtype=np.uint64)
 
 
 def _pad_odd(v):
