@@ -67,6 +67,20 @@ class Recording:
         self.stopped = ""
         self._lock = threading.Lock()
 
+    def probes(self) -> list[dict]:
+        """The recording's set-up calls (the probes) as transcript records, their texts whole: a replay makes
+        none, but its transcript, like its token counts, holds them as recorded."""
+        out = []
+        for c in self.reading.calls:
+            if c.get("stage") == "setup":
+                record = {k: v for k, v in c.items() if k != "call"}
+                record["messages"] = [{**m, "content": self.reading.text(m.get("content"))}
+                                      for m in c.get("messages") or []]
+                record["reply"] = self.reading.text(c["reply"]) if c.get("reply") is not None else None
+                record["recorded"] = True   # made by the recorded run, not by this replay
+                out.append(record)
+        return out
+
     @classmethod
     def open(cls, path: Path) -> "Recording":
         path = Path(path)

@@ -85,6 +85,8 @@ def start(cfg: Config, given: set[str], stop: stopping.StopRequest, log: RunLog 
     for client, role in ((llm_main, "main"), (llm_cheap, "secondary")):
         for one in client.each() if client is not None and not recording else []:   # every model answers
             llm_check.probe(book.recorder(one, role=role, stage="setup", purpose="probe"), role, one.origin)
+    for record in recording.probes() if recording else []:   # as the recording's counts include them
+        book.add(record)
     owns_ray = connect_ray(cfg, device, log) if cfg.ray else False   # before the directory and s_0
     stop.install()   # ray.init replaces the SIGTERM handler with one that exits at once
     if cfg.resume:

@@ -19,6 +19,7 @@ looking at pixels.
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from driver import transcript
@@ -161,7 +162,7 @@ def weights_summary(actions: list[dict]) -> str:
     return (f"interventions: {kinds.count('backtrack')} {_plural(kinds.count('backtrack'), 'backtrack')}, "
             f"{kinds.count('crossover')} {_plural(kinds.count('crossover'), 'crossover')}; the probability "
             f"of a crossover at each was {min(cross):.3f} to {max(cross):.3f} (median "
-            f"{sorted(cross)[len(cross) // 2]:.3f}): it grows with how far a partner island is ahead (A_j - A_i) "
+            f"{statistics.median(cross):.3f}): it grows with how far a partner island is ahead (A_j - A_i) "
             f"and, for islands alike, with how close both are to the target r")
 
 
@@ -305,7 +306,7 @@ def drift_summary(drifts: list[float]) -> str:
     if not drifts:
         return ""
     ordered = sorted(drifts)
-    mid = ordered[len(ordered) // 2]
+    mid = statistics.median(ordered)
     return (f"reference drift (timed beside each candidate vs s_0): median {mid:+.1%}, from {ordered[0]:+.1%} "
             f"to {ordered[-1]:+.1%} over {len(drifts)} {_plural(len(drifts), 'evaluation')}: the machine's "
             "load moved this much between evaluations; each speedup is measured against the reference timed "

@@ -37,12 +37,18 @@ def summary(timing: dict) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Every batch's steps of a few evaluations on a GPU.")
+    ap = argparse.ArgumentParser(description="Every batch's steps of a few evaluations on a GPU, to "
+                                 "OUTDIR/noise.json, each step's median and 10-90%% range printed (needs a GPU).")
     ap.add_argument("outdir")
-    ap.add_argument("--task", default="softmax@v0")
-    ap.add_argument("--candidate", help="a candidate file (default: the reference's own code as ModelNew)")
-    ap.add_argument("--evals", type=int, default=4)
+    ap.add_argument("--task", default="softmax@v0", help="a built-in task (default softmax@v0)")
+    ap.add_argument("--candidate", help="a candidate file (default: the reference's own code as ModelNew, "
+                                        "its honest twin)")
+    ap.add_argument("--evals", type=int, default=4, help="evaluations of the candidate (default 4)")
     args = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        print("gpu_noise_dump.py needs a CUDA GPU", file=sys.stderr)
+        sys.exit(2)
     task = tasks.get(args.task)
     if args.candidate:
         with open(args.candidate) as f:

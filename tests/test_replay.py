@@ -66,6 +66,10 @@ def test_replay_reproduces_the_candidates_and_verdicts(recording, tmp_path, monk
     assert a["global_best"] == b["global_best"] and a["islands"][1]["actions"] == b["islands"][1]["actions"]
     assert a["llm"]["tokens"] == b["llm"]["tokens"] and a["usage"]["main"]["prompt_tokens"] == \
         b["usage"]["main"]["prompt_tokens"]
+    # its transcript holds what its counts count: the recording's probes, marked, then the replayed calls
+    replayed = transcript.read(out).calls
+    assert len(replayed) == len(transcript.read(recording).calls) == b["usage"]["main"]["calls"]
+    assert [c["purpose"] for c in replayed if c.get("recorded")] == ["probe"]
     assert json.loads((out / "config.json").read_text())["config"]["replay"] == str(recording)
 
 
@@ -92,7 +96,7 @@ def test_failures_and_a_secondary_model_replay_too(tmp_path, monkeypatch):
     assert sources(out) == sources(recorded) and verdicts(out) == verdicts(recorded)
     replayed = transcript.read(out).calls
     assert sorted((c["role"], c["purpose"], str(c["error"])) for c in replayed) == \
-        sorted((c["role"], c["purpose"], str(c["error"])) for c in calls if c["stage"] != "setup")
+        sorted((c["role"], c["purpose"], str(c["error"])) for c in calls)   # the probes as recorded too
     a, b = (json.loads((d / "checkpoint.json").read_text()) for d in (recorded, out))
     assert a["llm"]["by_class"] == b["llm"]["by_class"] and a["llm"]["by_class"]
     assert a["usage"]["secondary"]["prompt_tokens"] == b["usage"]["secondary"]["prompt_tokens"]

@@ -80,3 +80,8 @@ def test_both_reports_say_how_many_calls_were_set_up_probes():
     assert calls_text({"calls": 38, "probes": 1}) == "38 calls (1 set-up probe)"
     assert calls_text({"calls": 1}) == "1 call"
     assert calls_text({"calls": 2000, "probes": 3}) == "2,000 calls (3 set-up probes)"
+
+
+def test_the_crossover_probabilities_median_is_the_middle_of_an_even_count():
+    actions = [{"action": "backtrack", "weights": {"backtrack": 1.0 - p, "1": p}} for p in (0.032, 0.063, 0.032, 0.063)]
+    assert "(median 0.048)" in markdown.weights_summary(actions)   # not the upper middle value, 0.063
