@@ -157,8 +157,8 @@ class Run:
 
 
 def calls_text(usage: dict) -> str:
-    """A role's LLM calls as both reports state them: "38 calls (1 set-up probe)"; a replay's transcript
-    holds the replies but not the probes, which a replay does not make again."""
+    """A role's LLM calls as both reports state them: "38 calls (1 set-up probe)" (a replay makes no probe:
+    its counts and its transcript hold the recording's)."""
     calls, probes = int(usage.get("calls", 0)), int(usage.get("probes", 0))
     text = f"{calls:,} {'call' if calls == 1 else 'calls'}"
     return text + (f" ({probes} set-up {'probe' if probes == 1 else 'probes'})" if probes else "")

@@ -141,11 +141,17 @@ class _Page:
         rows = [("task", f"{_e(report_data.task_name(run))} "
                          f"<span class=muted>({_e(cfg.get('task'))})</span>"),
                 ("device", _e(run.meta.get("hardware") or run.meta.get("device") or "unknown")),
-                ("reference s_0", f"{self.s0:.4g} ms (PyTorch, measured at the start on the same device)"
+                ("reference s_0", (f"{self.s0:.4g} ms (PyTorch, as the recording measured it)" if cfg.get("replay")
+                                   else f"{self.s0:.4g} ms (PyTorch, measured at the start on the same device)")
                  if self.s0 else "not measured yet"),
                 ("best", self._best_text(best) if best and best.ok else "no correct candidate yet"),
                 ("state", self._state()),
                 ("time", self._times())]
+        if cfg.get("replay"):
+            rows.insert(0, ("replay", f"of {_e(cfg['replay'])}: the LLM's replies, s_0 and the figures below are "
+                                      "the recording's; every candidate was built and evaluated again on this "
+                                      "machine and its verdict compared with the recorded one (report.md's "
+                                      "replay line)"))
         usage = ck.get("usage") or {}
         models = {"main": cfg.get("model"), "secondary": cfg.get("secondary_model")}
         for name, u in usage.items():

@@ -338,3 +338,14 @@ def test_lineage_follows_parents_and_repairs(tmp_path):
         assert newer.id in older.children
     repaired = [c for c in run.candidates.values() if c.repair_of]
     assert repaired and all(run.candidates[c.repair_of].status == "incorrect" for c in repaired)
+
+
+def test_a_replay_says_so_and_whose_figures_it_shows(tmp_path):
+    out = make_run(tmp_path / "run", generations=4)
+    meta = json.loads((out / "config.json").read_text())
+    meta["config"]["replay"] = "examples/some_recording"
+    (out / "config.json").write_text(json.dumps(meta))
+    check_page(out)
+    html = (out / "report.html").read_text()
+    assert "of examples/some_recording: the LLM's replies, s_0 and the figures below are the recording's" in html
+    assert "as the recording measured it" in html and "measured at the start on the same device" not in html
