@@ -326,17 +326,9 @@ def kill_processes(roots: set[int], mark: str, rounds: int = 3) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
         killed |= found
-        _reap(found)
+    # Nothing is reaped here: the only processes this one may wait for are its own children, the workers,
+    # and each one's Popen must read its status (a worker killed by a signal, not "exited with code 0").
     return len(killed - roots)
-
-
-def _reap(pids: set[int]) -> None:
-    # Adopted orphans of a subreaper we are not: nothing to reap. Our own children are reaped by Popen.
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except (ChildProcessError, OSError):
-            pass
 
 
 def _load_or_create_key(path: str) -> bytes:
