@@ -15,13 +15,17 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   perturbed weights (mapped to ModelNew's parameters by name, else by shape and values, else by shape and
   order), NaN-poisoned memory.
 - The runtime is this process's own clock: batches of back-to-back calls on fresh inputs drawn from a seed
-  sent when the batch starts, alternating with the same batches of the reference (same harness code, same
-  core, same minutes); every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step
-  that does another's work is charged for it. The speedup is the median of paired ratios with a 95%
-  interval (details["speedup_ci"], details["noise"]).
-- Every timed output is bound to its inputs by a digest (BLAKE2b; a hash tree on a GPU) sent before the
-  evaluator chooses which outputs to check; in every batch the chosen ones are checked against the
-  reference worker's outputs on the same inputs.
+  chosen when the batch starts, alternating with the same batches of the reference (same harness code,
+  same core, same minutes). The speedup is the median of paired ratios with a 95% interval
+  (details["speedup_ci"], details["noise"]).
+- On the CPU the runner runs nothing but the calls: the reference worker writes a batch's inputs into a
+  shared-memory file the runner holds mapped, while it is stopped; the batch's time is the runner's CPU
+  time from being let go to being stopped again; the outputs of calls chosen after that are read from
+  its stopped memory (/proc/PID/mem) and checked by the reference worker (host_batches.py, readout.py).
+- On a GPU every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step that does
+  another's work is charged for it; every timed output is bound to its inputs by a digest (a hash tree)
+  sent before the evaluator chooses which outputs to check, and in every batch the chosen ones are
+  checked against the reference worker's outputs on the same inputs.
 - The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference
   runs, and on a GPU the device must be idle (the wait is charged to the candidate) first.
 - The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
@@ -36,23 +40,23 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
 
-Not protected: the runner draws its own inputs and digests its own outputs, by code it can replace, and a
-step is charged only beyond the reference worker's time for it: a leaner harness that fills the
-difference with the calls' work gains it (fourth red team: 2.4x over the twin on a 100 us CPU softmax,
-whose drawing and digesting take six times its calls; 1.06x on conv_groupnorm_small, nothing measured on
-a GPU). The cure is bookkeeping outside the candidate's process (inputs written into, outputs read from
-the stopped runner's memory), not built yet. Outputs of calls not chosen for checking are bound
-only by their digests, so a candidate that skips a fraction f of its calls is caught with probability
+Not protected: on a GPU the runner draws its own inputs and digests its own outputs, by code it can
+replace, and a step is charged only beyond the reference worker's time for it: a leaner harness that
+fills the difference with the calls' work gains it (fourth red team: about 1.08x over the twin on a 10 us
+softmax, once 1.25x; nothing on conv_groupnorm). The cure is the CPU's, through GPU memory shared across
+the namespace (not built). Outputs of calls not chosen for checking are bound only by their digests or
+the stopped memory, so a candidate that skips a fraction f of its calls is caught with probability
 1-(1-f)^k over k checks; without a namespace, a process that clears its environment and leaves its
 worker's tree escapes the sweep, and the runner can signal the reference worker (its death then rejects
-the candidate); the cache directory and /dev/shm stay writable to candidates. Not measured: energy, memory footprint
-as a score, clock locking (the GPU runs at its own clocks; pairs cancel drift).
+the candidate); the cache directory and /dev/shm stay writable to candidates. Not measured: energy,
+memory footprint as a score, clock locking (the GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
 conversation with a runner), clock.py (pure: the speedup from the phases), device.py (a device slot:
-reference worker, spares, locks), sandbox.py (private code copy, namespace, process sweep, build seal).
-Protocol: protocol.py (message table, the parent's handle on a worker). Worker side: worker.py (the
-roles), batches.py (one batch, both sides), inputs.py (inputs, models, output checks), build.py
+reference worker, spares, locks), sandbox.py (private code copy, namespace, process sweep, build seal),
+readout.py (a CPU runner's outputs, read from its memory). Protocol: protocol.py (message table, the
+parent's handle on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
+sides), batches.py (a GPU batch, both sides), inputs.py (inputs, models, output checks), build.py
 (load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py. Leaf: common.py (results, options,
 comparison, digests), screen.py (the static first filter). Copying this folder is enough to vendor it
 (standard library + torch; ninja and a compiler for C++/CUDA candidates).

@@ -1,5 +1,6 @@
-"""Worker side: one batch of calls, step by step as the parent times it (clock.py), the same code in the
-runner (the candidate's process) and in the reference worker, so bookkeeping costs both sides alike.
+"""Worker side, on a GPU: one batch of calls, step by step as the parent times it (clock.py), the same code
+in the runner (the candidate's process) and in the reference worker, so bookkeeping costs both sides alike.
+(On the CPU the bookkeeping happens outside the runner: host_batches.py.)
 
     draw(seed, n, keep)   free the last batch; draw n input sets from the seed (each call gets inputs of its
                           own: nothing to answer from a cache)

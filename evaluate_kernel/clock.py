@@ -11,7 +11,9 @@ step and reads its own clock when it sends and when the answer arrives:
     digest  "digest" -> "digests"   a digest of every output (the commitment)    bookkeeping
     probe   (GPU) after the digests, the runner stopped: until the GPU is idle   bookkeeping
 
-A batch's cost is its calls plus, for each bookkeeping phase, the phase's deviation from its side's
+On the CPU a batch has one phase, the calls: the runner's inputs are written into its memory and its
+outputs read from it while it is stopped (host_batches.py), so its bookkeeping phases are zero on both
+sides and a batch's cost is its calls. On a GPU a batch's cost is its calls plus, for each bookkeeping phase, the phase's deviation from its side's
 median plus how much longer that median is than the reference's (never shorter):
 
     cost = calls + sum over phases of (phase - median of the side) + max(0, median of the side - median of the reference)
@@ -28,8 +30,9 @@ moved work lifted a phase above it: 4-8% on a GPU softmax whose draw and digest 
 calls. Crediting shorter phases down to the reference's shortest paid a faster harness the reference's
 spread: 1.15x.) cost_ms = that / n.
 
-The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads),
-read by the parent from the kernel with the worker stopped (a running thread's time is brought up to
+The clock: on a GPU the parent's monotonic clock; on the CPU the worker's own CPU time (all its threads)
+from the moment it is let go to the moment it is stopped, read by the parent from the kernel with the
+worker stopped (a running thread's time is brought up to
 date only at scheduler events), so a busy neighbour that takes the core adds nothing (the runner may
 not start processes there: confine.py).
 

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 
-from . import clock
+from . import clock, readout
 from .common import _DISTS, _PEAKS, EvalResult, _remove
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
@@ -56,6 +56,8 @@ class Evaluation:
         self.w: Worker | None = None
         self._frozen = False
         self._main: int | None = None
+        self.mem: readout.Memory | None = None     # (CPU, timing) the runner's memory
+        self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride
 
     # ------------------------------------------------------------------------------------------ the flow
     def run(self) -> EvalResult:
@@ -67,6 +69,8 @@ class Evaluation:
                 self.phases[f"{'gpu' if self.ev.device == 'cuda' else 'cpu'}_wait"] = round(time.monotonic() - t_wait, 3)
                 self.details["phases"] = self.phases
                 self.w = self.dev.take_runner()
+                if self.w.arena is not None:
+                    self.job["arena"] = {"fd": self.w.arena[0], "size": self.w.arena[1]}
                 prepare = self._prepare()
                 try:
                     return self._drive(prepare)
@@ -136,23 +140,34 @@ class Evaluation:
         budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 3.0)
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
-        dev.ref_call({"cmd": "timing", "cpus": self.cpus})   # fresh batches, on the runner's cores
+        host = not gpu
+        arena = {"arena": {"path": f"/proc/{os.getpid()}/fd/{self.w.arena[0]}", "size": self.w.arena[1]}} if host else {}
+        dev.ref_call({"cmd": "timing", "cpus": self.cpus, **arena})   # fresh batches, on the runner's cores
         _NoCollections.hold()
         try:
             bad = self._freeze()
             if bad is not None:
                 return bad
+            if host:
+                try:
+                    self.mem = readout.Memory(self.main)
+                except OSError as e:
+                    return EvalResult("rejected", message=f"rejected: the runner's memory cannot be read ({e.strerror}): "
+                                      "a candidate may not make its process unreadable (if every candidate gets this, "
+                                      "the machine forbids reading a child's memory: Yama's ptrace_scope above 1)",
+                                      details=self.details)
             cands, checks = [], []
             ref_ms = dev.ref_ms
             if ref_ms is None:   # the baseline's run: the reference alone first, to size the batches
                 r0 = self._calibrate(budget, per_call_bytes)
                 ref_ms = r0.calls / r0.n * 1e3
             n = clock.calls_per_batch(ref_ms, None, per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget)
-            refs = [r0] if dev.ref_ms is None else [self._ref_batch(secrets.randbits(31), n, -1, None)]
+            first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
+            refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
             started, f = time.monotonic(), None
             for i in range(opts.max_pairs + 1):
                 seed = secrets.randbits(31)
-                c, values = self._cand_batch(seed, n, i)
+                c, values = self._host_cand_batch(seed, n) if host else self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
                     return c
                 cands.append(c)
@@ -163,16 +178,26 @@ class Evaluation:
                                                           per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
                 else:
                     n_next = n
-                # The calls to check, chosen now that their digests are in; shipped before the runner stops.
+                # The calls to check, chosen now that their digests (on the CPU: the stopped runner's claim of
+                # where its outputs lie) are in.
                 chosen = self._choose(c.n, n_next)
-                path = os.path.join(self.job["work_dir"], f"shipped-{i}.pt")
-                self.w.send({"cmd": "ship", "path": path, "calls": chosen})
-                self._reply("shipped")
-                bad = self._stop_runner(c)
-                if bad is not None:
-                    return bad
-                refs.append(self._ref_batch(seed, n_next, i, {"batch": i, "calls": chosen}))
-                bad = self._check(path, [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen], checks)
+                if host:
+                    path = os.path.join(self.job["work_dir"], f"read-{i}.out")
+                    problem = readout.write(path, self.mem, values, chosen)
+                    if problem is not None:
+                        return _forged(self.details, problem)
+                    refs.append(self._host_ref_batch(seed, n_next))
+                    items = [{"key": f"{i}:{j}", "call": j} for j in chosen]
+                else:
+                    path = os.path.join(self.job["work_dir"], f"shipped-{i}.pt")
+                    self.w.send({"cmd": "ship", "path": path, "calls": chosen})
+                    self._reply("shipped")
+                    bad = self._stop_runner(c)
+                    if bad is not None:
+                        return bad
+                    refs.append(self._ref_batch(seed, n_next, i, {"batch": i, "calls": chosen}))
+                    items = [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen]
+                bad = self._check(path, items, checks)
                 if bad is not None:
                     return bad
                 n = n_next
@@ -186,6 +211,9 @@ class Evaluation:
         finally:
             _NoCollections.release()
             self._thaw()
+            if self.mem is not None:
+                self.mem.close()
+                self.mem = None
             dev.ref_call({"cmd": "pin", "cpus": None})
 
     def _calibrate(self, budget: int, per_call_bytes: int) -> clock.Batch:
@@ -194,7 +222,8 @@ class Evaluation:
         is the first reference batch of the alternation."""
         n, n_max = 1, max(1, budget // max(1, per_call_bytes))
         for _ in range(8):
-            b = self._ref_batch(secrets.randbits(31), n, -1, None)
+            seed = secrets.randbits(31)
+            b = self._host_ref_batch(seed, n) if self.ev.device != "cuda" else self._ref_batch(seed, n, -1, None)
             ms = b.calls * 1e3
             if ms >= self.opts.batch_ms / 4 or n >= n_max:
                 break
@@ -249,6 +278,39 @@ class Evaluation:
         if not isinstance(values, list) or len(values) != n or not all(type(v) is int for v in values):
             return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
         return b, values
+
+    def _host_ref_batch(self, seed: int, n: int) -> clock.Batch:
+        """(CPU) A reference batch: its inputs written into the reference worker's own file, then its one
+        timed step, by the CPU time the reference worker spends in it."""
+        self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "targets": ["own"]}), "filled")
+        b = clock.Batch("ref", n)
+        pid = self.dev.ref.main_pid()
+        t = _cpu_seconds(pid)
+        reply = self._expect(self.dev.ref_call({"cmd": "go"}), "done")
+        b.calls = _cpu_seconds(pid) - t
+        if self._ref_geometry is None:
+            self._ref_geometry = reply.get("geometry")
+        return b
+
+    def _host_cand_batch(self, seed: int, n: int):
+        """(CPU) One batch of the runner's: (Batch, its checked claim of where its outputs lie) or (a
+        rejection, None). Its inputs are written into its file while it is stopped (the reference worker's
+        next batch gets the same ones); it runs only inside its one step, whose CPU time is read with it
+        stopped before and after."""
+        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "targets": ["runner"]}), "filled")
+        b = clock.Batch("cand", n)
+        t = _cpu_seconds(self.main, stopped=True)
+        self.w.send({"cmd": "go", "layout": reply["layout"]})
+        self._thaw()
+        msg = self._reply("done")
+        bad = self._freeze()
+        if bad is not None:
+            return bad, None
+        b.calls = _cpu_seconds(self.main, stopped=True) - t
+        c = readout.claim(msg, n, self._ref_geometry or [])
+        if isinstance(c, str):
+            return _forged(self.details, c), None
+        return b, c
 
     def _stop_runner(self, b: clock.Batch) -> EvalResult | None:
         """The runner stopped, and (GPU) the device drained before the reference runs: the wait is the
@@ -496,13 +558,19 @@ def _timing_details(timed: dict, device: str) -> dict:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int, stopped: bool = False) -> float:
     """A process's CPU time, all its threads (those that ended too), from the kernel (Linux's CPU clock of
     another process, clock id ((~pid) << 3) | 2), read while the process is stopped. Linux brings a
     running thread's time up to date only at its scheduler's events (a tick: 1 to 10 ms apart), so a
     process read while it runs shows up to a tick per running thread too little: a runner that answered
     and kept running past the reading would carry its last milliseconds of work out of the step. Stopped
-    (every thread descheduled), its time is whole; it goes on at once."""
+    (every thread descheduled), its time is whole; it goes on at once, unless it was `stopped` already
+    (and stays so)."""
+    if stopped:
+        try:
+            return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
+        except OSError:
+            raise EOFError(f"process {pid} is gone") from None
     try:
         os.kill(pid, signal.SIGSTOP)
     except ProcessLookupError:

@@ -30,6 +30,7 @@ from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
 from .common import EvalResult, EvaluatorError, Options, _move, lock_path, open_lock, scrubbed_env, source_hash
 from .device import Device, _cuda_count
+from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .protocol import Worker
 from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
                       namespace_problem, private_root, python_dirs)
@@ -349,9 +350,17 @@ class Evaluator:
         (builders and runners: they run candidate code) start in the namespace when there is one. Every
         worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
         self._check_code()
+        # A CPU runner's inputs arrive in a shared-memory file the reference worker writes (host_batches.py):
+        # made here, so the runner holds it from its start and the reference worker opens it through us.
+        arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
         return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
                       namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
-                      dies_with_parent=True)
+                      dies_with_parent=True, arena=arena)
+
+    @property
+    def input_file_bytes(self) -> int:
+        """(CPU) A runner's input file: the batch budget, and room to start each batch at a random offset."""
+        return -(-((self.opts.batch_bytes or (512 << 20)) + MAX_SHIFT + ALIGN) // 4096) * 4096   # whole pages
 
     def spawn_ref(self, env: dict[str, str], log_path: str) -> Worker:
         """A reference worker (outside any namespace: it never runs candidate code), from the spawner."""

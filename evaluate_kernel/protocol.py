@@ -17,9 +17,12 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
 | runner | <-  | outputs        | path, unmapped, marks, confined          | trial outputs saved to path              |
 | runner | <-  | error/rejected | where, error                             | import, forward or timing failed         |
-| runner | ->  | cmd=draw       | seed, n, batch                           | n input sets for the next batch          |
+| runner | ->  | cmd=go (CPU)   | layout                                   | views over the input file, n calls       |
+| runner | <-  | done (CPU)     | pointers, geometry                       | where each call's outputs lie; the       |
+|        |     |                |                                          | parent stops it and reads them (readout) |
+| runner | ->  | cmd=draw (GPU) | seed, n, batch                           | n input sets for the next batch          |
 | runner | <-  | drawn          |                                          | (every step timed by the parent: clock.py|
-| runner | ->  | cmd=go         |                                          | n calls back to back, one synchronise    |
+| runner | ->  | cmd=go (GPU)   |                                          | n calls back to back, one synchronise    |
 | runner | <-  | done           |                                          |                                          |
 | runner | ->  | cmd=digest     |                                          | commit to every output of the batch      |
 | runner | <-  | digests        | digests (one int per call)               |                                          |
@@ -31,12 +34,14 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | <-  | prepared       | count                                    |                                          |
 | ref    | ->  | cmd=compare    | path, field, items, tolerances           | compare saved outputs (weights_only)     |
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
-| ref    | ->  | cmd=timing     | cpus                                     | a timing starts: fresh batches, on the   |
+| ref    | ->  | cmd=timing     | cpus, arena (CPU: the runner's file)     | a timing starts: fresh batches, on the   |
 | ref    | <-  | timing         |                                          | runner's cores                           |
+| ref    | ->  | cmd=fill (CPU) | seed, n, targets                         | inputs into the runner's file or its own |
+| ref    | <-  | filled         | layout                                   |                                          |
 | ref    | ->  | draw, go,      | as the runner's, draw also keep          | the reference's batch (kept: the calls   |
 |        |     | digest         |                                          | of the runner's batch to be checked)     |
-| ref    | ->  | cmd=check      | path, items, tolerances                  | shipped outputs against the kept ones    |
-| ref    | <-  | checked        | results                                  | and against the committed digests       |
+| ref    | ->  | cmd=check      | path, items, tolerances                  | shipped (GPU) or read (CPU) outputs      |
+| ref    | <-  | checked        | results                                  | against its own, and the digests (GPU)   |
 | ref    | ->  | cmd=pin        | cpus (or null)                           | back to its own cores after a timing     |
 | ref    | <-  | pinned         |                                          |                                          |
 | probe  | ->  | cmd=probe      |                                          | a trivial kernel from a context of its   |
@@ -78,8 +83,9 @@ class Worker:
 
     def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
                  mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
-                 dies_with_parent: bool = False):
+                 dies_with_parent: bool = False, arena: tuple[int, int] | None = None):
         r, w = os.pipe()
+        self.arena = arena   # (CPU runners) (fd, size) of the input file the parent made for it; it closes with us
         self.log_path = log_path
         self.mark = mark or f"pv{secrets.token_hex(8)}"
         self.namespace = namespace
@@ -91,7 +97,8 @@ class Worker:
             ["warm", str(parent)] if warm else [])
         self.proc = subprocess.Popen(
             namespace.wrap(argv) if namespace else argv,
-            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(w,),
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+            pass_fds=(w,) if arena is None else (w, arena[0]),
             env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
             preexec_fn=_preexec(warm or dies_with_parent, cpus))
         os.close(w)
@@ -183,7 +190,11 @@ class Worker:
             except ProcessLookupError:
                 pass
             self.proc.wait()
-        for closer in (self.proc.stdin.close, self._log.close, lambda: os.close(self._rfd)):
+        closers = [self.proc.stdin.close, self._log.close, lambda: os.close(self._rfd)]
+        if self.arena is not None:
+            closers.append(lambda fd=self.arena[0]: os.close(fd))
+            self.arena = None
+        for closer in closers:
             try:
                 closer()
             except OSError:

@@ -19,6 +19,7 @@ from .batches import Batches, probe_ms, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
 from .common import _flat, compare_outputs, load_plain, open_lock
 from .confine import confine, pin_threads
+from .host_batches import Arena, HostBatches
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
 from .protocol import LineReader, check_parent
@@ -205,13 +206,26 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     model = models[(job["trials"][0]["weight_seed"], False)]
     del models, outputs
     try:
-        _serve_batches(Batches(model, ref_ns, device, job["on_device"]), send, recv)
+        if device.type == "cpu":
+            arena = job["arena"]
+            _serve_host(HostBatches(model, ref_ns, Arena(int(arena["fd"]), int(arena["size"]))), send, recv)
+        else:
+            _serve_batches(Batches(model, ref_ns, device, job["on_device"]), send, recv)
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "timing", "error": _short_traceback(e)})
 
 
+def _serve_host(batches: HostBatches, send, recv) -> None:
+    """(CPU) go, as many batches as the parent asks for: the parent stops this process between them."""
+    while True:
+        req = recv()
+        if req.get("cmd") != "go":
+            return
+        send({"kind": "done", **batches.go(req["layout"])})
+
+
 def _serve_batches(batches: Batches, send, recv) -> None:
-    """draw / go / digest, as many batches as the parent asks for, then ship."""
+    """(GPU) draw / go / digest, as many batches as the parent asks for, then ship."""
     while True:
         req = recv()
         cmd = req.get("cmd")
@@ -253,7 +267,8 @@ def _role_ref(job: dict, send, recv) -> None:
     info = {"ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes, "out_bytes": out_bytes,
             **_device_info(device)}
     own_cpus = _affinity()
-    batches: Batches | None = None
+    batches: Batches | HostBatches | None = None
+    arenas: dict[str, Arena] = {}   # (CPU, during a timing) the runner's input file and our own
     send({"kind": "ready", **info})
     while True:
         req = recv()
@@ -263,17 +278,29 @@ def _role_ref(job: dict, send, recv) -> None:
         try:
             if cmd == "timing":  # a new conversation: fresh batches, on the runner's cores
                 pin_threads(req.get("cpus") or own_cpus)
-                batches = Batches(_timing_model(ref_ns, models, device), ref_ns, device,
-                                  job.get("on_device", True))
+                model = _timing_model(ref_ns, models, device)
+                if device.type == "cpu":
+                    _close_arenas(arenas)
+                    size = int(req["arena"]["size"])
+                    arenas.update(runner=Arena.open(req["arena"]["path"], size), own=Arena.create(size))
+                    batches = HostBatches(model, ref_ns, arenas["own"])
+                else:
+                    batches = Batches(model, ref_ns, device, job.get("on_device", True))
                 reply = {"kind": "timing"}
+            elif cmd == "fill":   # (CPU) the next batch's inputs, into the runner's file and/or ours
+                layout = batches.fill(req["seed"], req["n"], [arenas[t] for t in req["targets"]])
+                reply = {"kind": "filled", "layout": layout}
             elif cmd == "draw":
                 reset_persisting_l2(device)
                 batches.draw(req["seed"], req["n"], req["batch"], req.get("keep"))
                 send({"kind": "drawn"})   # at once: the parent's clock runs
                 continue
             elif cmd == "go":
-                batches.go()
-                send({"kind": "done"})
+                if isinstance(batches, HostBatches):
+                    send({"kind": "done", **batches.go()})   # what a runner sends, at the same cost
+                else:
+                    batches.go()
+                    send({"kind": "done"})
                 continue
             elif cmd == "digest":
                 batches.digest()
@@ -284,6 +311,8 @@ def _role_ref(job: dict, send, recv) -> None:
                                                                      req["atol"], req["l2_tol"])}
             elif cmd == "pin":  # back to our own cores (null) and to normal collection after a timing
                 pin_threads(req.get("cpus") or own_cpus)
+                batches = None
+                _close_arenas(arenas)
                 release_collections()
                 reply = {"kind": "pinned"}
             elif cmd == "prepare":
@@ -322,6 +351,12 @@ def _role_probe(job: dict, send, recv) -> None:
     send({"kind": "ready", "probe_ms": idle})
     while recv().get("cmd") == "probe":
         send({"kind": "probed", "ms": probe_ms(device)})
+
+
+def _close_arenas(arenas: dict) -> None:
+    for a in arenas.values():
+        a.close()
+    arenas.clear()
 
 
 def _timing_model(ref_ns: dict, models: dict, device):

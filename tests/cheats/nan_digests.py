@@ -1,10 +1,12 @@
 """Cheat class: values that no comparison can hold (NaN) where numbers are expected.
 
-How it cheats: the digest step answers NaN for every call; when a harness compares figures with < and >,
-every comparison with NaN is false and checks skip themselves (samples of NaN once gave status "ok" with
-a NaN speedup).
+How it cheats: where the runner tells the parent about its outputs it answers NaN: the digest of every
+call (a GPU batch), or every output's address and shape (a CPU batch). When a harness compares figures
+with < and >, every comparison with NaN is false and checks skip themselves (samples of NaN once gave
+status "ok" with a NaN speedup).
 Seen: red-team pass on this evaluator (NaN samples).
-Expected outcome: "rejected": digests must be integers, one per call, or the batch is a forgery.
+Expected outcome: "rejected": digests must be integers, one per call, and addresses integers with the
+reference's shapes, or the batch is a forgery.
 
 REFERENCE: gn
 EXPECT: rejected
@@ -22,6 +24,14 @@ import sys
 mod = sys.modules.get("evaluate_kernel.batches")
 if mod is not None:
     mod.Batches.digest = lambda self: [float("nan")] * len(self.outs)
+host = sys.modules.get("evaluate_kernel.host_batches")
+if host is not None:
+    go = host.HostBatches.go
+    def nan_go(self, layout=None):
+        reply = go(self, layout)
+        nan = float("nan")
+        return {"pointers": [[nan] for _ in reply["pointers"]], "geometry": [["float32", [nan], [nan]]]}
+    host.HostBatches.go = nan_go
 """)
 
 

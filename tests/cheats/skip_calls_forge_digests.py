@@ -1,10 +1,12 @@
 """Cheat class: no work at all in the batches, digests made up.
 
-How it cheats: go() computes nothing and digest() returns random 64-bit numbers, one per call, so every
-step is instant and every message well-formed.
+How it cheats: go() computes nothing. In a GPU batch digest() returns random 64-bit numbers, one per
+call; in a CPU batch go() points at a fresh, unwritten buffer of the right shape for every call (each in
+memory of its own, as the claim check wants). Every step is instant and every message well-formed.
 Seen: the obvious end point of forging the runner's part of the protocol.
-Expected outcome: "incorrect" or "rejected": the outputs of calls chosen after the digests arrived are
-missing, or do not match the reference worker's outputs on the same inputs or their digests.
+Expected outcome: "incorrect" or "rejected": the outputs of calls chosen after the digests (or the
+addresses) arrived are missing, or do not match the reference worker's outputs on the same inputs or
+their digests.
 
 REFERENCE: gn
 EXPECT: incorrect|rejected|runtime_error
@@ -24,6 +26,14 @@ if mod is not None:
         self.outs = [None] * len(self.sets)
     mod.Batches.go = nothing
     mod.Batches.digest = lambda self: [random.getrandbits(63) for _ in self.outs]
+host = sys.modules.get("evaluate_kernel.host_batches")
+if host is not None:
+    import torch
+    def claim_only(self, layout):
+        self.outs = [torch.empty(8, 1, 30, 30) for _ in range(layout["n"])]
+        return {"pointers": [[o.data_ptr()] for o in self.outs],
+                "geometry": [["float32", [8, 1, 30, 30], [900, 900, 30, 1]]]}
+    host.HostBatches.go = claim_only
 """)
 
 

@@ -1,0 +1,186 @@
+"""The CPU batch without bookkeeping in the runner: inputs laid out in a shared-memory file
+(evaluate_kernel.host_batches), outputs read from a stopped process's memory (evaluate_kernel.readout).
+
+Tested on their own, without an Evaluator: the layout round-trips every input as drawn (strides, dtypes,
+values), the claim check refuses what a runner could lie about, and what is read from another process's
+memory is what it held when it was stopped, not what it computes later.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluate_kernel import readout
+from evaluate_kernel.host_batches import ALIGN, Arena, HostBatches, new_memfd, pack
+
+
+def _sets(n: int, seed: int = 0) -> list[list]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        a = torch.randn(5, 7, generator=g)
+        out.append([a, a.t(), torch.randint(0, 9, (3,), generator=g), torch.randn(4, generator=g).to(torch.bfloat16),
+                    torch.tensor(True), 3, 0.5])
+    return out
+
+
+@given(st.integers(min_value=1, max_value=12), st.integers(min_value=0, max_value=2**31 - 1))
+@settings(max_examples=25, deadline=None)
+def test_layout_round_trips_every_input_as_drawn(n, seed):
+    """Strides (a transposed view), integer, bfloat16 and 0-d inputs and plain values come back equal,
+    each set's tensors on a cache line of their own, in the file at the layout's random base."""
+    sets = _sets(n, seed)
+    arena = Arena.create(4 << 20)
+    try:
+        layout, block = pack(sets, arena.size)
+        arena.write(block, layout["base"])
+        got = arena.views(layout)
+        assert len(got) == n and layout["base"] % ALIGN == 0 and layout["set_bytes"] % ALIGN == 0
+        for xs, ys in zip(sets, got):
+            for x, y in zip(xs, ys):
+                if isinstance(x, torch.Tensor):
+                    assert y.dtype == x.dtype and y.shape == x.shape and y.stride() == x.stride()
+                    assert torch.equal(x, y) and y.data_ptr() % ALIGN == 0
+                else:
+                    assert y == x
+    finally:
+        arena.close()
+
+
+def test_values_that_differ_between_sets_travel_per_set():
+    sets = [[torch.zeros(2), k] for k in range(4)]
+    layout, _ = pack(sets, 1 << 20)
+    assert layout["items"][1] == {"values": [0, 1, 2, 3]}
+
+
+def test_inputs_that_change_shape_between_calls_are_refused():
+    with pytest.raises(ValueError, match="differing shapes"):
+        pack([[torch.zeros(2)], [torch.zeros(3)]], 1 << 20)
+
+
+def test_a_batch_that_does_not_fit_the_file_is_refused():
+    with pytest.raises(ValueError, match="do not fit"):
+        pack([[torch.zeros(1000)] for _ in range(10)], 8 << 10)
+
+
+def test_the_input_file_cannot_be_shrunk_under_a_mapping():
+    """Sealed: a runner that truncated its file would kill the reference worker writing into it."""
+    fd = new_memfd(1 << 20)
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def test_both_sides_run_the_same_step_on_the_same_inputs():
+    """The reference worker's fill writes one draw into the runner's file and its own; go() on either
+    gives the same outputs, and the reported addresses and geometry are those of the outputs held."""
+    ns: dict = {}
+    exec(textwrap.dedent("""
+        import torch
+        def get_inputs():
+            return [torch.randn(6, 5), 2.0]
+    """), ns)
+    model = lambda x, s: (x * s).softmax(-1)   # noqa: E731
+    runner, own = Arena.create(1 << 20), Arena.create(1 << 20)
+    try:
+        ref = HostBatches(model, ns, own)
+        cand = HostBatches(model, ns, runner)
+        layout = ref.fill(123, 4, [runner])
+        a = cand.go(layout)
+        assert ref.fill(123, 4, [own]) == layout   # the same draw, reused for the second side
+        b = ref.go()
+        for x, y in zip(cand.outs, ref.outs):
+            assert torch.equal(x, y)
+        assert a["geometry"] == b["geometry"] == [["float32", [6, 5], [5, 1]]]
+        assert [p[0] for p in a["pointers"]] == [o.data_ptr() for o in cand.outs]
+    finally:
+        import gc
+        from evaluate_kernel.batches import release_collections
+        release_collections()
+        gc.collect()
+
+
+# ------------------------------------------------------------------------------------------ the claim
+REF_GEOMETRY = [["float32", [4, 8], [8, 1]]]
+
+
+def _reply(pointers, geometry=None):
+    return {"pointers": pointers, "geometry": geometry if geometry is not None else REF_GEOMETRY}
+
+
+def test_a_claim_of_disjoint_outputs_is_accepted():
+    c = readout.claim(_reply([[4096], [4096 + 128], [8192]]), 3, REF_GEOMETRY)
+    assert isinstance(c, readout.Claim) and c.nbytes == [128]
+
+
+@pytest.mark.parametrize("reply, n, why", [
+    (_reply([[4096], [4096 + 64]]), 2, "same memory"),                       # calls overlap
+    (_reply([[4096]] * 2), 2, "same memory"),                                # one buffer for every call
+    (_reply([[4096]]), 2, "another number"),                                 # fewer calls than made
+    (_reply([[4096, 8192]]), 1, "another number"),                           # more outputs than described
+    (_reply([[-1]]), 1, "another number"),                                   # not an address
+    (_reply([[4096.0]]), 1, "another number"),                               # not an integer
+    (_reply([[4096]], [["float64", [4, 8], [8, 1]]]), 1, "the reference's"),  # another dtype
+    (_reply([[4096]], [["float32", [8, 4], [4, 1]]]), 1, "the reference's"),  # another shape
+    (_reply([[4096]], [["float32", [4, 8], [1 << 30, 1]]]), 1, "span far more"),  # a stride reaching afar
+    (_reply([[4096]], [["complex256", [4, 8], [8, 1]]]), 1, "cannot read"),   # no such dtype
+    (_reply([[4096]], "garbage"), 1, "cannot read"),
+])
+def test_a_false_claim_is_refused(reply, n, why):
+    problem = readout.claim(reply, n, REF_GEOMETRY)
+    assert isinstance(problem, str) and why in problem
+
+
+def test_outputs_of_one_call_may_share_memory():
+    """(y, y[0]): two outputs of one call in one buffer are honest."""
+    geometry = [["float32", [4, 8], [8, 1]], ["float32", [8], [1]]]
+    c = readout.claim(_reply([[4096, 4096], [8192, 8192]], geometry), 2, geometry)
+    assert isinstance(c, readout.Claim)
+
+
+# ------------------------------------------------------------------------------------------ the memory
+CHILD = textwrap.dedent("""
+    import os, sys, time, torch
+    out = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    sys.stdout.write(f"{out.data_ptr()}\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+    out.fill_(-1.0)      # "computed later": after the parent stopped and read us, this is too late
+    time.sleep(60)
+""")
+
+
+def test_outputs_are_read_from_the_stopped_process_as_they_were():
+    """What the parent reads is the memory when the process was stopped; the file the reference worker
+    loads holds those bytes at the claimed geometry; an address with nothing mapped is reported."""
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        address = int(p.stdout.readline())
+        os.kill(p.pid, signal.SIGSTOP)
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        mem = readout.Memory(p.pid)
+        c = readout.claim(_reply([[address]]), 1, REF_GEOMETRY)
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"readout-{os.getpid()}.out")
+        assert readout.write(path, mem, c, [0]) is None
+        os.kill(p.pid, signal.SIGCONT)
+        time.sleep(0.3)   # it overwrites its output now: the file keeps what it held when stopped
+        got = readout.load(path)
+        assert torch.equal(got[0][0], torch.arange(32, dtype=torch.float32).reshape(4, 8))
+        bad = readout.claim(_reply([[8]]), 1, REF_GEOMETRY)   # page zero: never mapped
+        assert "could not be read" in readout.write(path, mem, bad, [0])
+        mem.close()
+        os.remove(path)
+    finally:
+        p.kill()
+        p.wait()
