@@ -66,6 +66,18 @@ def _read(path: str) -> str | None:
     except OSError:
         return None
 
+# The dtypes a CPU batch lays out and reads back by name (host_batches.py, readout.py), with their sizes.
+DTYPE_SIZES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
+               "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16}
+
+
+def torch_dtype(name: str):
+    import torch
+    if name not in DTYPE_SIZES:
+        raise ValueError(f"dtype {name!r} is not one the timing lays out")
+    return getattr(torch, name)
+
+
 def _flat(out: Any) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 

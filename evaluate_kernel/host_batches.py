@@ -23,7 +23,8 @@ import mmap
 import os
 import secrets
 
-from .common import _flat, compare_outputs
+from .common import DTYPE_SIZES, _flat, compare_outputs, torch_dtype
+from .readout import load
 
 ALIGN = 64          # every input starts on a cache line
 MAX_SHIFT = 1 << 20  # a batch's layout starts at a random offset below this: addresses change per batch
@@ -65,7 +66,7 @@ class Arena:
             elif "values" in item:
                 cols.append(item["values"])
             else:
-                dtype = _dtype(item["dtype"])
+                dtype = torch_dtype(item["dtype"])
                 size = torch.empty((), dtype=dtype).element_size()
                 flat = self._flat.get(dtype)
                 if flat is None:
@@ -133,7 +134,6 @@ class HostBatches:
         same calls (our last batch ran the same inputs)."""
         import gc
         gc.collect(1)   # the young objects our batch left: this step is not timed
-        from .readout import load
         problem = "an output the evaluator asked for is missing"
         try:
             got = load(path)
@@ -160,7 +160,7 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
     for j, x in enumerate(first):
         if isinstance(x, torch.Tensor):
             name = str(x.dtype).removeprefix("torch.")
-            if name not in DTYPE_NAMES:
+            if name not in DTYPE_SIZES:
                 raise ValueError(f"input {j} has dtype {x.dtype}, which the CPU timing cannot lay out")
             items.append({"dtype": name, "shape": list(x.shape), "stride": list(x.stride()), "offset": offset,
                           "nbytes": _extent(x) * x.element_size()})
@@ -208,14 +208,3 @@ def _extent(x) -> int:
     if x.numel() == 0:
         return 0
     return 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
-
-
-DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool",
-               "complex64", "complex128")
-
-
-def _dtype(name: str):
-    import torch
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"dtype {name!r} is not one the timing lays out")
-    return getattr(torch, name)

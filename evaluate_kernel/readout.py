@@ -17,10 +17,7 @@ from __future__ import annotations
 import json
 import os
 
-from .host_batches import DTYPE_NAMES
-
-_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
-             "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16}
+from .common import DTYPE_SIZES, torch_dtype
 SPAN_SLACK = 8   # an output may span up to this many times its elements (a view into a padded buffer)
 
 
@@ -29,7 +26,7 @@ class Claim:
 
     def __init__(self, pointers: list[list[int]], geometry: list[list]):
         self.pointers, self.geometry = pointers, geometry
-        self.nbytes = [_extent(shape, stride) * _ITEMSIZE[dtype] for dtype, shape, stride in geometry]
+        self.nbytes = [_extent(shape, stride) * DTYPE_SIZES[dtype] for dtype, shape, stride in geometry]
 
 
 def claim(reply: dict, n: int, reference: list) -> Claim | str:
@@ -104,15 +101,13 @@ def write(path: str, mem: Memory, c: Claim, calls: list[int]) -> str | None:
 def load(path: str) -> dict[int, list]:
     """(Reference worker.) The file write() made: call -> its outputs as tensors."""
     import torch
-
-    from .host_batches import _dtype
     with open(path, "rb") as f:
         header = json.loads(f.readline())
         out: dict[int, list] = {}
         for key, rows in header["calls"].items():
             tensors = []
             for dtype, shape, stride, nbytes in rows:
-                t = _dtype(dtype)
+                t = torch_dtype(dtype)
                 if nbytes == 0:
                     tensors.append(torch.empty(shape, dtype=t))
                     continue
@@ -126,7 +121,7 @@ def load(path: str) -> dict[int, list]:
 
 
 def _geometry_ok(g) -> bool:
-    return (isinstance(g, list) and len(g) == 3 and g[0] in DTYPE_NAMES and isinstance(g[1], list)
+    return (isinstance(g, list) and len(g) == 3 and g[0] in DTYPE_SIZES and isinstance(g[1], list)
             and isinstance(g[2], list) and len(g[1]) == len(g[2]) and len(g[1]) <= 16
             and all(type(v) is int and 0 <= v < 1 << 40 for v in g[1] + g[2]))
 
