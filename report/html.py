@@ -138,8 +138,8 @@ class _Page:
     def summary(self) -> str:
         run, cfg, ck = self.run, self.run.config, self.run.checkpoint
         best = run.best()
-        rows = [("task", f"{_e(report_data.task_name(run))} "
-                         f"<span class=muted>({_e(cfg.get('task'))})</span>"),
+        name, asked = report_data.task_name(run), cfg.get("task")
+        rows = [("task", _e(name) + (f" <span class=muted>(--task {_e(asked)})</span>" if asked and asked != name else "")),
                 ("device", _e(run.meta.get("hardware") or run.meta.get("device") or "unknown")),
                 ("reference s_0", (f"{self.s0:.4g} ms (PyTorch, as the recording measured it)" if cfg.get("replay")
                                    else f"{self.s0:.4g} ms (PyTorch, measured at the start on the same device)")
@@ -173,9 +173,9 @@ class _Page:
         out = []
         if not best or not best.ok:
             return "<p>No correct candidate yet.</p>"
-        out.append(f"<p>{self._best_text(best)}. It came from {self._idea_link(best.island, best.idea, best.idea_text)}"
-                   f" on island {best.island}, generation {self._gen_link(best.island, best.generation)}, "
-                   f"experiment <q>{_e(best.experiment)}</q>.</p>")
+        out.append(f"<p>{self._best_text(best)}.</p><p>Its idea: "
+                   f"{self._idea_link(best.island, best.idea, best.idea_text)}<br>Its experiment: "
+                   f"<q>{_e(best.experiment)}</q></p>")
         chain = run.lineage(best.id)
         out.append("<h4>How it came about (each program was written from the one above it)</h4>"
                    "<table><tr><th>program</th><th>island / generation</th><th>idea</th><th>experiment</th>"
