@@ -49,6 +49,7 @@ import ray.exceptions
 
 import evaluate_kernel
 from evaluate_kernel import EvalResult
+from evaluate_kernel.evaluator import task_settings
 
 ACTOR_PREFIX = "pacevolve-eval-"
 # the names the evaluator also keeps from candidate processes
@@ -121,11 +122,7 @@ class RayEvaluator:
 
     @classmethod
     def for_task(cls, task, **overrides) -> "RayEvaluator":
-        kw = dict(device=getattr(task, "device", "cuda"), rtol=getattr(task, "rtol", 1e-4),
-                  atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 1e-5),
-                  flops=getattr(task, "flops", 0.0))
-        kw.update(overrides)
-        return cls(task.reference_src, **kw)
+        return cls(task.reference_src, **dict(task_settings(task), **overrides))
 
     # ---------------------------------------------------------------- the Evaluator's interface
     def evaluate(self, candidate_src: str) -> EvalResult:

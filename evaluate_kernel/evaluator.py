@@ -38,6 +38,15 @@ from .screen import screen
 
 
 
+
+def task_settings(task) -> dict:
+    """What a task (tasks.Task, or anything with those attributes) sets in an Evaluator: its device,
+    tolerances and flops. Evaluator.for_task and the Ray evaluator's both use it."""
+    return dict(device=getattr(task, "device", "cuda"), rtol=getattr(task, "rtol", 1e-4),
+                atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 1e-5),
+                flops=getattr(task, "flops", 0.0))
+
+
 def evaluate(reference_src: str, candidate_src: str, *, device: str = "cuda", **options) -> EvalResult:
     """One-shot convenience: builds an Evaluator, evaluates one candidate, closes it."""
     verdict = screen(candidate_src)  # no workers are started for code the screen already refuses
@@ -235,11 +244,7 @@ class Evaluator:
 
     @classmethod
     def for_task(cls, task, **overrides) -> "Evaluator":
-        kw = dict(device=getattr(task, "device", "cuda"), rtol=getattr(task, "rtol", 1e-4),
-                  atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 1e-5),
-                  flops=getattr(task, "flops", 0.0))
-        kw.update(overrides)
-        return cls(task.reference_src, **kw)
+        return cls(task.reference_src, **dict(task_settings(task), **overrides))
 
     def close(self) -> None:
         self._closed = True
