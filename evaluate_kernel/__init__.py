@@ -15,13 +15,14 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   perturbed weights (mapped to ModelNew's parameters by name, else by shape and values, else by shape and
   order), NaN-poisoned memory.
 - The runtime is this process's own clock: batches of back-to-back calls on fresh inputs drawn from a seed
-  chosen when the batch starts, alternating with the same batches of the reference (same harness code,
-  same core, same minutes). The speedup is the median of paired ratios with a 95% interval
+  chosen when the batch starts (each set through one of the trials' distributions), alternating with the
+  same batches of the reference (same harness code, same core, same minutes). The speedup is the median of paired ratios with a 95% interval
   (details["speedup_ci"], details["noise"]).
-- On the CPU the runner runs nothing but the calls: the reference worker writes a batch's inputs into a
-  shared-memory file the runner holds mapped, while it is stopped; the batch's time is the runner's CPU
-  time from being let go to being stopped again; the outputs of calls chosen after that are read from
-  its stopped memory (/proc/PID/mem) and checked by the reference worker (host_batches.py, readout.py).
+- On the CPU both sides are timed in runners (the reference in one of its own) that run nothing but the
+  calls: the reference worker writes a batch's inputs into a shared-memory file the runner holds mapped,
+  while it is stopped; the batch's time is the runner's CPU time from being let go to being stopped
+  again; the outputs of calls chosen after that are read from its stopped memory (/proc/PID/mem) and
+  checked by the reference worker, with the inputs it wrote (host_batches.py, readout.py).
 - On a GPU every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step that does
   another's work is charged for it; every timed output is bound to its inputs by a digest (a hash tree)
   sent before the evaluator chooses which outputs to check, and in every batch the chosen ones are

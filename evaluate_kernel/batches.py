@@ -46,7 +46,7 @@ class Batches:
             # On the CPU each set lies behind a pad of random size: a process's memory layout then changes
             # from call to call, instead of favouring or hampering a whole process's calls by its luck.
             self.sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device,
-                                   pads=self.pads if self.device.type == "cpu" else None)
+                                   pads=self.pads if self.device.type == "cpu" else None, mixed=True)
         _sync(self.device)
 
     def go(self) -> None:

@@ -9,7 +9,9 @@ import fcntl
 import math
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import threading
 
 from .common import lock_path, open_lock
@@ -37,6 +39,9 @@ class Device:
                 self.info["probe_ms"] = float(self.prober.recv(timeout=300).get("probe_ms") or 0.05)
             except (TimeoutError, EOFError) as e:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
+        # (CPU) The reference is timed in a runner of its own (host_batches.py): start_ref_runner().
+        self.ref_runner: Worker | None = None
+        self._ref_runner_ready = False
         # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
         # the others only import torch. A new evaluation then starts with a ready process.
         self.spares: list[Worker] = []
@@ -97,10 +102,66 @@ class Device:
             self.spares.pop(0)
             w.discard()
 
+    def reference_runner(self) -> Worker:
+        """(CPU) The runner that times the reference (Model) by the code and protocol a candidate's runner is
+        timed by: started with the device, started again after a death (counted with the reference
+        worker's: either dying while a candidate runs rejects that candidate). Between its batches it is
+        stopped."""
+        w = self.ref_runner
+        if w is None or w.proc.poll() is not None:
+            if w is not None:
+                self.ref_deaths += 1
+                self._drop_ref_runner()
+            w = self.ref_runner = self._start_ref_runner()
+        if not self._ref_runner_ready:
+            try:
+                msg = w.recv(timeout=300)
+                if msg.get("kind") == "ready":   # the start-up report, then the trial's outputs
+                    msg = w.recv(timeout=300)
+            except (TimeoutError, EOFError):
+                msg = {"error": "no answer"}
+            if msg.get("kind") != "outputs":
+                log = w.log_tail()
+                self._drop_ref_runner()
+                raise RuntimeError(f"the reference's runner failed to start: {msg.get('error')} {log}")
+            self._ref_runner_ready = True
+        return w
+
+    def drop_ref_runner(self) -> None:
+        """(CPU) The reference's runner failed in a timing: it is replaced before the next one."""
+        self.ref_deaths += 1
+        self._drop_ref_runner()
+
+    def start_ref_runner(self) -> None:
+        """(CPU) Start the reference's runner now (it gets ready while other work goes on)."""
+        if self.ref_runner is None:
+            self.ref_runner = self._start_ref_runner()
+
+    def _start_ref_runner(self) -> Worker:
+        ev = self.ev
+        w = self._spawn()
+        w.work_dir = tempfile.mkdtemp(prefix="refrun-", dir=ev.cache_dir)
+        self._prep(w, None)
+        spec = {"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False,
+                "on_device": ev.opts.inputs_on_device}
+        w.send(ev.job("run", mode="baseline", candidate_src=None, device=ev.torch_device(), trials=[spec],
+                      build=ev.build_config(), poison_bytes=ev.opts.poison_bytes, env=ev.extension_env("baseline"),
+                      cpus=ev.runner_cpus(self), on_device=ev.opts.inputs_on_device, no_processes=True,
+                      work_dir=w.work_dir, arena={"fd": w.arena[0], "size": w.arena[1]}))
+        self._ref_runner_ready = False
+        return w
+
+    def _drop_ref_runner(self) -> None:
+        w, self.ref_runner = self.ref_runner, None
+        if w is not None:
+            w.discard()
+            shutil.rmtree(getattr(w, "work_dir", ""), ignore_errors=True)
+
     def close(self) -> None:
         for w in self.spares:
             w.discard()
         self.spares = []
+        self._drop_ref_runner()
 
     def shutdown(self) -> None:
         """Every process of this slot: spares, the reference worker, the prober."""

@@ -57,6 +57,8 @@ class Evaluation:
         self._frozen = False
         self._main: int | None = None
         self.mem: readout.Memory | None = None     # (CPU, timing) the runner's memory
+        self.rr: Worker | None = None               # (CPU) the reference's runner, and its memory
+        self.rr_mem: readout.Memory | None = None
         self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride
 
     # ------------------------------------------------------------------------------------------ the flow
@@ -141,14 +143,19 @@ class Evaluation:
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
         host = not gpu
-        arena = {"arena": {"path": f"/proc/{os.getpid()}/fd/{self.w.arena[0]}", "size": self.w.arena[1]}} if host else {}
-        dev.ref_call({"cmd": "timing", "cpus": self.cpus, **arena})   # fresh batches, on the runner's cores
+        extra = {}
+        if host:   # the input files of both runners, which the reference worker opens through us
+            self.rr = dev.reference_runner()
+            extra["arenas"] = {side: {"path": f"/proc/{os.getpid()}/fd/{w.arena[0]}", "size": w.arena[1]}
+                               for side, w in (("runner", self.w), ("reference", self.rr))}
+        dev.ref_call({"cmd": "timing", "cpus": self.cpus, **extra})   # fresh batches, on the runner's cores
         _NoCollections.hold()
         try:
             bad = self._freeze()
             if bad is not None:
                 return bad
             if host:
+                self.rr_mem = readout.Memory(self.rr.main_pid())
                 try:
                     self.mem = readout.Memory(self.main)
                 except OSError as e:
@@ -186,8 +193,9 @@ class Evaluation:
                     problem = readout.write(path, self.mem, values, chosen)
                     if problem is not None:
                         return _forged(self.details, problem)
-                    refs.append(self._host_ref_batch(seed, n_next))
-                    items = [{"key": f"{i}:{j}", "call": j} for j in chosen]
+                    refs.append(self._host_ref_batch(seed, n_next, chosen))
+                    step, base = values.layout["set_bytes"], values.layout["base"]
+                    items = [{"key": f"{i}:{j}", "call": j, "inputs": [base + j * step, step]} for j in chosen]
                 else:
                     path = os.path.join(self.job["work_dir"], f"shipped-{i}.pt")
                     self.w.send({"cmd": "ship", "path": path, "calls": chosen})
@@ -211,9 +219,10 @@ class Evaluation:
         finally:
             _NoCollections.release()
             self._thaw()
-            if self.mem is not None:
-                self.mem.close()
-                self.mem = None
+            for mem in (self.mem, self.rr_mem):
+                if mem is not None:
+                    mem.close()
+            self.mem = self.rr_mem = None
             dev.ref_call({"cmd": "pin", "cpus": None})
 
     def _calibrate(self, budget: int, per_call_bytes: int) -> clock.Batch:
@@ -279,25 +288,42 @@ class Evaluation:
             return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
         return b, values
 
-    def _host_ref_batch(self, seed: int, n: int) -> clock.Batch:
-        """(CPU) A reference batch: its inputs written into the reference worker's own file, then its one
-        timed step, by the CPU time the reference worker spends in it."""
-        self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "targets": ["own"]}), "filled")
-        b = clock.Batch("ref", n)
-        pid = self.dev.ref.main_pid()
-        t = _cpu_seconds(pid)
-        reply = self._expect(self.dev.ref_call({"cmd": "go"}), "done")
-        b.calls = _cpu_seconds(pid) - t
-        if self._ref_geometry is None:
-            self._ref_geometry = reply.get("geometry")
+    def _host_ref_batch(self, seed: int, n: int, chosen: list[int] | None = None) -> clock.Batch:
+        """(CPU) A batch of the reference's runner, timed as the candidate's are (_host_cand_batch); with
+        `chosen`, the outputs of those calls, read from it afterwards, are what the candidate's are checked
+        against. Its failure is the reference's: RuntimeError, and a new runner for the next timing."""
+        rr = self.rr
+        layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference"}),
+                              "filled")["layout"]
+        try:
+            pid = rr.main_pid()
+            _stop(pid)   # stopped already, except in its first batch
+            b = clock.Batch("ref", n)
+            t = _cpu_seconds(pid, stopped=True)
+            rr.send({"cmd": "go", "layout": layout})
+            os.kill(pid, signal.SIGCONT)
+            reply = rr.recv(self.opts.run_timeout_s)
+            _stop(pid)
+            b.calls = _cpu_seconds(pid, stopped=True) - t
+            if reply.get("kind") != "done":
+                raise RuntimeError(f"the reference's runner answered {reply.get('kind')}: {reply.get('error')}")
+            if self._ref_geometry is None:
+                self._ref_geometry = reply["geometry"]
+            if chosen is not None:
+                c = readout.claim(reply, n, self._ref_geometry)
+                if isinstance(c, str) or readout.write(self._ref_path, self.rr_mem, c, chosen) is not None:
+                    raise RuntimeError(f"the reference's outputs could not be read: {c}")
+        except (EOFError, TimeoutError, OSError, RuntimeError) as e:
+            self.dev.drop_ref_runner()
+            raise RuntimeError(f"the reference's runner failed ({e!r})") from None
         return b
 
     def _host_cand_batch(self, seed: int, n: int):
         """(CPU) One batch of the runner's: (Batch, its checked claim of where its outputs lie) or (a
-        rejection, None). Its inputs are written into its file while it is stopped (the reference worker's
-        next batch gets the same ones); it runs only inside its one step, whose CPU time is read with it
-        stopped before and after."""
-        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "targets": ["runner"]}), "filled")
+        rejection, None). Its inputs are written into its file while it is stopped (the reference's runner
+        gets the same ones next); it runs only inside its one step, whose CPU time is read with it stopped
+        before and after."""
+        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "runner"}), "filled")
         b = clock.Batch("cand", n)
         t = _cpu_seconds(self.main, stopped=True)
         self.w.send({"cmd": "go", "layout": reply["layout"]})
@@ -307,9 +333,11 @@ class Evaluation:
         if bad is not None:
             return bad, None
         b.calls = _cpu_seconds(self.main, stopped=True) - t
-        c = readout.claim(msg, n, self._ref_geometry or [])
+        st = os.fstat(self.w.arena[0])
+        c = readout.claim(msg, n, self._ref_geometry or [], readout.mappings(self.main, st.st_dev, st.st_ino))
         if isinstance(c, str):
             return _forged(self.details, c), None
+        c.layout = reply["layout"]
         return b, c
 
     def _stop_runner(self, b: clock.Batch) -> EvalResult | None:
@@ -334,6 +362,11 @@ class Evaluation:
                 return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
                                   "after the candidate's calls returned: work left running after a call is part "
                                   "of the call", details=self.details)
+
+    @property
+    def _ref_path(self) -> str:
+        """(CPU) Where the reference's outputs of the checked calls are read to."""
+        return os.path.join(self.job["work_dir"], "read-reference.out")
 
     @property
     def main(self) -> int:
@@ -370,9 +403,7 @@ class Evaluation:
             return EvalResult("rejected", message=f"rejected: the candidate's process ran {threads} threads while "
                               f"it was timed (at most {self.opts.max_threads}: each can leave a timer that fires "
                               "on the reference's core while it is timed)", details=self.details)
-        end = time.monotonic() + 1.0
-        while not _all_stopped(main) and time.monotonic() < end:
-            time.sleep(0.0002)
+        _stop(main, signal_sent=True)
         return None
 
     def _thaw(self) -> None:
@@ -391,11 +422,13 @@ class Evaluation:
 
     # ------------------------------------------------------------------------------------------ verify, verdict
     def _check(self, path: str, items: list[dict], checks: list) -> EvalResult | None:
-        """The shipped outputs against the reference worker's for the same calls (its last batch ran the
-        same inputs) and against the digests the runner committed to. An empty or short check fails."""
-        reply = self.dev.ref_call({"cmd": "check", "path": path, "items": items, "rtol": self.ev.rtol,
-                                   "atol": self.ev.atol, "l2_tol": self.ev.l2_tol})
+        """The shipped (GPU) or read (CPU) outputs against the reference's for the same calls (its last
+        batch ran the same inputs), and against the digests the runner committed to (GPU) or the inputs
+        as written (CPU). An empty or short check fails."""
+        reply = self.dev.ref_call({"cmd": "check", "path": path, "ref_path": self._ref_path, "items": items,
+                                   "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol})
         _remove(path)
+        _remove(self._ref_path)
         results = reply.get("results") or []
         if not items or reply.get("kind") != "checked" or len(results) != len(items):
             return _forged(self.details, "the timed outputs could not be verified")
@@ -587,6 +620,15 @@ def _cpu_seconds(pid: int, stopped: bool = False) -> float:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+
+
+def _stop(pid: int, signal_sent: bool = False) -> None:
+    """SIGSTOP pid (unless sent already), and wait until every thread of it has stopped."""
+    if not signal_sent and _state(pid) not in ("T", "t"):
+        os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + 1.0
+    while not _all_stopped(pid) and time.monotonic() < end:
+        time.sleep(0.0002)
 
 
 def _all_stopped(pid: int) -> bool:

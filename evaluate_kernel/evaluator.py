@@ -133,6 +133,9 @@ class Evaluator:
         # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
         # trusted process outside it brings the header up to date once, while the baseline is measured.
         self._pch_ready = self.helpers.submit(self._prepare_pch) if self._namespace else None
+        if device != "cuda":   # the CPU's reference is timed in a runner of its own (host_batches.py)
+            for dev in self.devices:
+                dev.start_ref_runner()
         if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
             for dev in self.devices:
                 self._baseline(dev)

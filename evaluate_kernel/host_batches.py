@@ -1,20 +1,24 @@
-"""Worker side, on the CPU: batches whose bookkeeping happens outside the candidate's process.
+"""Worker side, on the CPU: batches whose bookkeeping happens outside the processes that are timed.
 
-The reference worker draws a batch's inputs from the parent's seed and writes them, at one layout, into
-two shared-memory files: the runner's (made by the parent when it started the runner) and its own. The
+Both sides are timed in runners, the same kind of process running the same code: the candidate's runner
+(ModelNew) and the reference's (Model, one per device, kept for the Evaluator's life). The reference
+worker draws a batch's inputs from the parent's seed and writes them into the shared-memory file of the
+runner whose batch comes next (each runner's file is made by the parent when it starts the runner). A
 runner's whole part of a batch is go(): views over its file, n calls back to back, the outputs'
-addresses. The parent reads the runner's CPU time with the runner stopped before and after that step,
-and afterwards reads the outputs of the calls it chooses from the stopped runner's memory (readout.py).
-Once timing starts the runner runs only inside go(): no drawing or digesting of its own that a leaner
-harness could shorten, and no untimed step to hide work in.
+addresses. The parent reads the runner's CPU time with it stopped before and after that step, and
+afterwards reads the outputs of the calls it chose from the stopped runners' memory (readout.py). Once
+timing starts a runner runs only inside go(): no drawing or digesting of its own that a leaner harness
+could shorten, and no untimed step to hide work in.
 
-    fill(seed, n, targets)   (reference worker; untimed, the runner stopped) draw n sets (or reuse the
-                             last seed's), write them into the runner's file or its own
-    go(layout)               (both sides, timed alike) free the last batch, views, n calls, addresses
-    check(path, items)       (reference worker) outputs read from the runner against its own
+    fill(seed, n, target)   (reference worker; untimed, the runners stopped) draw n sets (or reuse the
+                            last seed's), write them into the target runner's file
+    go(layout)              (a runner, timed) free the last batch, views, n calls, addresses
+    check(path, ref_path)   (reference worker) the candidate's outputs against the reference's, and its
+                            inputs as written
 
-Both sides run go() on inputs in a shared-memory file written by the same pwrite calls, so their first
-touch of a page costs the same; the reference worker's own file is never visible to the runner.
+The reference worker itself (a long-lived process that also draws, compares trials and holds their
+outputs) is timed on nothing: timing the reference there read 3-5% slower than in a runner for the same
+Model, whichever was measured first.
 """
 from __future__ import annotations
 
@@ -86,41 +90,20 @@ class Arena:
 
 
 class HostBatches:
-    """The batches of one timing conversation, in one worker, on the CPU."""
+    """(A runner: the candidate's, or the reference's own.) The batches it runs, on the CPU."""
 
-    def __init__(self, model, ref_ns: dict, own: Arena):
+    def __init__(self, model, arena: Arena):
         from .batches import hold_collections
         hold_collections()
-        self.model, self.ref_ns, self.own = model, ref_ns, own
+        self.model, self.arena = model, arena
         self.outs: list = []
-        self.layout: dict | None = None   # (reference worker) the layout of its own file's batch
-        self.drawn: tuple | None = None   # (reference worker) ((seed, n), layout, bytes) of the last draw
 
-    def fill(self, seed: int, n: int, arenas: list[Arena]) -> dict:
-        """(Reference worker.) n input sets from the seed, written into each arena at one layout. The
-        parent asks for each side's file right before that side's batch, so both find their inputs
-        equally fresh in the caches; the sets of the last seed are kept for the second side."""
-        import torch
-
-        from .inputs import _draw_sets
-        if self.drawn is None or self.drawn[0] != (seed, n):
-            self.drawn = None   # the last batch's bytes go before the next are drawn
-            with torch.no_grad():
-                sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False)
-            self.drawn = ((seed, n), *pack(sets, min(a.size for a in arenas)))
-        _, layout, block = self.drawn
-        for a in arenas:
-            a.write(block, layout["base"])
-        if self.own in arenas:
-            self.layout = layout
-        return layout
-
-    def go(self, layout: dict | None = None) -> dict:
-        """n calls on the layout's sets, every output held. The last batch's outputs are freed first,
-        inside the step, on both sides alike."""
+    def go(self, layout: dict) -> dict:
+        """n calls on the layout's sets, every output held; where they lie. The last batch's outputs are
+        freed first, inside the step, on both sides alike."""
         import torch
         self.outs = []
-        sets = self.own.views(layout if layout is not None else self.layout)
+        sets = self.arena.views(layout)
         model = self.model
         with torch.no_grad():
             outs = [model(*xs) for xs in sets]
@@ -129,24 +112,64 @@ class HostBatches:
         return {"pointers": [[t.data_ptr() for t in _flat(o)] for o in outs],
                 "geometry": [[str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride())] for t in first]}
 
-    def check(self, path: str, items: list[dict], rtol: float, atol: float, l2_tol: float) -> list[dict]:
-        """(Reference worker.) The outputs the parent read from the stopped runner against ours for the
-        same calls (our last batch ran the same inputs)."""
+
+class HostInputs:
+    """(The reference worker.) The inputs of a timing's batches, written into both runners' files, and the
+    check of what the parent read from them."""
+
+    def __init__(self, ref_ns: dict, arenas: dict[str, Arena]):
+        from .batches import hold_collections
+        hold_collections()
+        self.ref_ns, self.arenas = ref_ns, arenas
+        self.drawn: tuple | None = None   # ((seed, n), layout, bytes) of the last draw
+
+    def fill(self, seed: int, n: int, target: str) -> dict:
+        """n input sets from the seed, written into the target's file. The parent asks for each side's
+        file right before that side's batch, so both find their inputs equally fresh in the caches; the
+        sets of the last seed are kept for the second side."""
+        import torch
+
+        from .inputs import _draw_sets
+        if self.drawn is None or self.drawn[0] != (seed, n):
+            self.drawn = None   # the last batch's bytes go before the next are drawn
+            with torch.no_grad():
+                sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False, mixed=True)
+            self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values())))
+        _, layout, block = self.drawn
+        self.arenas[target].write(block, layout["base"])
+        return layout
+
+    def check(self, path: str, ref_path: str, items: list[dict], rtol: float, atol: float,
+              l2_tol: float) -> list[dict]:
+        """The outputs the parent read from the stopped candidate's runner against those it read from the
+        reference's, call by call (the same inputs), and the candidate's inputs of those calls against what
+        was written there (a call may not use its inputs' memory, as scratch or for its outputs)."""
         import gc
-        gc.collect(1)   # the young objects our batch left: this step is not timed
+        gc.collect(1)   # not timed: the young objects the fills left
         problem = "an output the evaluator asked for is missing"
         try:
             got = load(path)
         except (OSError, ValueError) as e:
             got, problem = {}, f"the outputs read from the runner are unreadable: {e}"
+        ref = load(ref_path)   # ours: an error here is the evaluator's
         results = []
         for item in items:
             j = item["call"]
-            if j not in got or not 0 <= j < len(self.outs):
+            if j not in got:
                 results.append({"ok": False, "reason": problem})
                 continue
-            results.append(compare_outputs(got[j], [t for t in _flat(self.outs[j])], rtol, atol, l2_tol))
+            result = compare_outputs(got[j], ref[j], rtol, atol, l2_tol)
+            if result["ok"] and not self._inputs_intact(j, *item["inputs"]):
+                result = {"ok": False, "reason": "the call changed its inputs (a timed call may not write into them)"}
+            results.append(result)
         return results
+
+    def _inputs_intact(self, j: int, at: int, nbytes: int) -> bool:
+        """The candidate runner's file holds, for set j, the bytes written there."""
+        block = self.drawn[2] if self.drawn is not None else None
+        if block is None or (j + 1) * nbytes > len(block):
+            return False
+        return os.pread(self.arenas["runner"].fd, nbytes, at) == block[j * nbytes:(j + 1) * nbytes].numpy().tobytes()
 
 
 def pack(sets: list[list], capacity: int) -> tuple[dict, object]:

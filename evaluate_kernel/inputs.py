@@ -9,7 +9,7 @@ import hashlib
 import traceback
 from typing import Any
 
-from .common import _flat, _int_view
+from .common import _DISTS, _flat, _int_view
 
 def _set_seed(seed: int) -> None:
     import torch
@@ -42,11 +42,14 @@ def _make_inputs(ref_ns: dict, spec: dict, device) -> list:
 
 
 def _draw_sets(ref_ns: dict, seed: int, n: int, device, on_device: bool = True, to_device: bool = True,
-               pads: list | None = None) -> list:
+               pads: list | None = None, mixed: bool = False) -> list:
     """n input sets from get_inputs() after one seeding, on the timing device (or the CPU when get_inputs()
     needs it); with to_device=False, one (set, device drawn on) pair instead. With `pads` (a list the
     caller keeps), each set is drawn behind a host allocation of random size (0-1 MiB, appended to pads),
-    so the sets and what each call allocates start at addresses of their own."""
+    so the sets and what each call allocates start at addresses of their own. `mixed` (the timed batches):
+    each set's floating-point inputs then go through a distribution of the trials' (_transform) chosen for
+    that set from the seed, so a shortcut that holds only for the task's own inputs (a ReLU of all-positive
+    inputs is the identity) fails the check of a timed call, not only the trials."""
     import os
 
     import torch
@@ -67,6 +70,11 @@ def _draw_sets(ref_ns: dict, seed: int, n: int, device, on_device: bool = True, 
         sets = [draw() for _ in range(n)]
     if not to_device:
         return [(sets[0], draw_on)]
+    if mixed:
+        import random
+        choose, gen = random.Random(seed), torch.Generator(device=draw_on).manual_seed(seed + 1)
+        sets = [[_transform(x, dist, gen) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                 for x in xs] for xs, dist in ((xs, choose.choice(_DISTS)) for xs in sets)]
     return [[x.to(device) if isinstance(x, torch.Tensor) else x for x in xs] for xs in sets]
 
 

@@ -18,20 +18,25 @@ import json
 import os
 
 from .common import DTYPE_SIZES, torch_dtype
-SPAN_SLACK = 8   # an output may span up to this many times its elements (a view into a padded buffer)
+
+DENSE = 4   # an output whose storage spans more than this many times its bytes is read row by row
+MAX_BYTES = 4 << 30   # an output larger than this is not read (no honest task comes near)
 
 
 class Claim:
-    """A runner's go() reply, checked: per call, per output, (address, bytes)."""
+    """A runner's go() reply, checked: per call, per output, (address, span in bytes)."""
 
     def __init__(self, pointers: list[list[int]], geometry: list[list]):
         self.pointers, self.geometry = pointers, geometry
+        self.layout: dict = {}   # the layout of the batch's inputs (the evaluation sets it)
         self.nbytes = [_extent(shape, stride) * DTYPE_SIZES[dtype] for dtype, shape, stride in geometry]
 
 
-def claim(reply: dict, n: int, reference: list) -> Claim | str:
+def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = ()) -> Claim | str:
     """The runner's reply as a Claim, or what is wrong with it. reference: the reference worker's
-    geometry for the same model call ([dtype, shape, stride] per output)."""
+    geometry for the same model call ([dtype, shape, stride] per output); inputs: the address ranges
+    where the runner has its input file mapped (no output may lie there: one written over its own
+    inputs saves the memory and the writes the reference pays for)."""
     pointers, geometry = reply.get("pointers"), reply.get("geometry")
     if not (isinstance(geometry, list) and len(geometry) == len(reference)
             and all(_geometry_ok(g) for g in geometry)):
@@ -40,22 +45,40 @@ def claim(reply: dict, n: int, reference: list) -> Claim | str:
         if g[0] != r[0] or list(g[1]) != list(r[1]):
             return (f"output {k} of the timed calls is {g[0]} {tuple(g[1])}, the reference's {r[0]} {tuple(r[1])} "
                     "(the trials passed with other outputs)")
-        numel = 1
-        for s in g[1]:
-            numel *= s
-        if _extent(g[1], g[2]) > SPAN_SLACK * numel + 4096:
-            return f"output {k}'s strides {tuple(g[2])} span far more memory than its {numel} elements"
+        if _numel(g[1]) * DTYPE_SIZES[g[0]] > MAX_BYTES:
+            return f"output {k} is larger than the {MAX_BYTES >> 30} GiB the evaluator reads"
     if not (isinstance(pointers, list) and len(pointers) == n
             and all(isinstance(p, list) and len(p) == len(geometry)
                     and all(type(a) is int and 0 < a < 1 << 57 for a in p) for p in pointers)):
         return "the runner sent output addresses for another number of calls or outputs than it made"
     c = Claim(pointers, geometry)
     spans = sorted((a, a + nb, i) for i, p in enumerate(pointers) for a, nb in zip(p, c.nbytes) if nb)
-    for (a0, e0, i0), (a1, e1, i1) in zip(spans, spans[1:]):
-        if a1 < e0 and i0 != i1:
-            return (f"calls {min(i0, i1)} and {max(i0, i1)} returned outputs in the same memory: return a new "
+    end, owner = -1, -1   # the furthest end so far, and its call: a span of another call starting before it overlaps
+    for a, e, i in spans:
+        if a < end and i != owner:
+            return (f"calls {min(i, owner)} and {max(i, owner)} returned outputs in the same memory: return a new "
                     "tensor from every call (every call's output is kept and may be checked)")
+        if e > end:
+            end, owner = e, i
+    for a, e, i in spans:
+        if any(a < hi and lo < e for lo, hi in inputs):
+            return (f"call {i} returned memory of the input file: a timed call may neither return its inputs' "
+                    "memory nor write its outputs there")
     return c
+
+
+def mappings(pid: int, dev: int, ino: int) -> list[tuple[int, int]]:
+    """The address ranges where process pid maps the file (dev, ino), from /proc/PID/maps (read while it
+    is stopped: it may map its input file more than once)."""
+    tag = f"{os.major(dev):02x}:{os.minor(dev):02x} {ino} "
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) >= 5 and f"{parts[3]} {parts[4]} " == tag:
+                lo, hi = parts[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
 
 
 class Memory:
@@ -86,10 +109,11 @@ def write(path: str, mem: Memory, c: Claim, calls: list[int]) -> str | None:
         rows = []
         for (dtype, shape, stride), address, nbytes in zip(c.geometry, c.pointers[i], c.nbytes):
             try:
-                blobs.append(mem.read(address, nbytes) if nbytes else b"")
+                data, stride = _read_output(mem, address, nbytes, DTYPE_SIZES[dtype], shape, stride)
             except OSError as e:
                 return f"the memory call {i} said holds its output could not be read ({e.strerror or e})"
-            rows.append([dtype, list(shape), list(stride), nbytes])
+            blobs.append(data)
+            rows.append([dtype, list(shape), list(stride), len(data)])
         header["calls"][str(i)] = rows
     with open(path, "wb") as f:
         f.write(json.dumps(header).encode() + b"\n")
@@ -118,6 +142,42 @@ def load(path: str) -> dict[int, list]:
                 tensors.append(flat.as_strided(shape, stride))
             out[int(key)] = tensors
     return out
+
+
+def _read_output(mem: Memory, address: int, span: int, size: int, shape: list[int],
+                 stride: list[int]) -> tuple[bytes, list[int]]:
+    """One output's bytes and the strides to read them with: its whole span where that is dense enough,
+    else (a narrow view of a padded buffer) its rows one by one, stored contiguous."""
+    count = _numel(shape)
+    if span <= DENSE * count * size + 4096:
+        return mem.read(address, span), list(stride)
+    inner = shape[-1] if shape else 1
+    step = stride[-1] if stride else 1
+    rows = []
+    for index in _outer_indices(shape[:-1]):
+        start = address + sum(i * st for i, st in zip(index, stride)) * size
+        row = mem.read(start, ((inner - 1) * step + 1) * size)
+        rows.append(row if step == 1 else b"".join(row[j * step * size:(j * step + 1) * size] for j in range(inner)))
+    contiguous = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        contiguous[d] = contiguous[d + 1] * shape[d + 1]
+    return b"".join(rows), contiguous
+
+
+def _outer_indices(dims: list[int]):
+    if not dims:
+        yield ()
+        return
+    for i in range(dims[0]):
+        for rest in _outer_indices(dims[1:]):
+            yield (i, *rest)
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
 
 
 def _geometry_ok(g) -> bool:

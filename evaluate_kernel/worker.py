@@ -19,7 +19,7 @@ from .batches import Batches, probe_ms, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
 from .common import _flat, compare_outputs, load_plain, open_lock
 from .confine import confine, pin_threads
-from .host_batches import Arena, HostBatches
+from .host_batches import Arena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
 from .protocol import LineReader, check_parent
@@ -208,7 +208,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     try:
         if device.type == "cpu":
             arena = job["arena"]
-            _serve_host(HostBatches(model, ref_ns, Arena(int(arena["fd"]), int(arena["size"]))), send, recv)
+            _serve_host(HostBatches(model, Arena(int(arena["fd"]), int(arena["size"]))), send, recv)
         else:
             _serve_batches(Batches(model, ref_ns, device, job["on_device"]), send, recv)
     except BaseException as e:  # noqa: BLE001
@@ -267,8 +267,8 @@ def _role_ref(job: dict, send, recv) -> None:
     info = {"ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes, "out_bytes": out_bytes,
             **_device_info(device)}
     own_cpus = _affinity()
-    batches: Batches | HostBatches | None = None
-    arenas: dict[str, Arena] = {}   # (CPU, during a timing) the runner's input file and our own
+    batches: Batches | HostInputs | None = None
+    arenas: dict[str, Arena] = {}   # (CPU, during a timing) the input files of both runners
     send({"kind": "ready", **info})
     while True:
         req = recv()
@@ -278,36 +278,31 @@ def _role_ref(job: dict, send, recv) -> None:
         try:
             if cmd == "timing":  # a new conversation: fresh batches, on the runner's cores
                 pin_threads(req.get("cpus") or own_cpus)
-                model = _timing_model(ref_ns, models, device)
-                if device.type == "cpu":
+                if device.type == "cpu":   # the runners' input files, opened through the parent
                     _close_arenas(arenas)
-                    size = int(req["arena"]["size"])
-                    arenas.update(runner=Arena.open(req["arena"]["path"], size), own=Arena.create(size))
-                    batches = HostBatches(model, ref_ns, arenas["own"])
+                    arenas.update({side: Arena.open(a["path"], int(a["size"])) for side, a in req["arenas"].items()})
+                    batches = HostInputs(ref_ns, arenas)
                 else:
-                    batches = Batches(model, ref_ns, device, job.get("on_device", True))
+                    batches = Batches(_timing_model(ref_ns, models, device), ref_ns, device, job.get("on_device", True))
                 reply = {"kind": "timing"}
-            elif cmd == "fill":   # (CPU) the next batch's inputs, into the runner's file and/or ours
-                layout = batches.fill(req["seed"], req["n"], [arenas[t] for t in req["targets"]])
-                reply = {"kind": "filled", "layout": layout}
+            elif cmd == "fill":   # (CPU) the next batch's inputs, into the file of the runner named
+                reply = {"kind": "filled", "layout": batches.fill(req["seed"], req["n"], req["target"])}
             elif cmd == "draw":
                 reset_persisting_l2(device)
                 batches.draw(req["seed"], req["n"], req["batch"], req.get("keep"))
                 send({"kind": "drawn"})   # at once: the parent's clock runs
                 continue
             elif cmd == "go":
-                if isinstance(batches, HostBatches):
-                    send({"kind": "done", **batches.go()})   # what a runner sends, at the same cost
-                else:
-                    batches.go()
-                    send({"kind": "done"})
+                batches.go()
+                send({"kind": "done"})
                 continue
             elif cmd == "digest":
                 batches.digest()
                 send({"kind": "digests"})
                 continue
             elif cmd == "check":
-                reply = {"kind": "checked", "results": batches.check(req["path"], req["items"], req["rtol"],
+                paths = [req["path"], req["ref_path"]] if isinstance(batches, HostInputs) else [req["path"]]
+                reply = {"kind": "checked", "results": batches.check(*paths, req["items"], req["rtol"],
                                                                      req["atol"], req["l2_tol"])}
             elif cmd == "pin":  # back to our own cores (null) and to normal collection after a timing
                 pin_threads(req.get("cpus") or own_cpus)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evaluate_kernel import readout
-from evaluate_kernel.host_batches import ALIGN, Arena, HostBatches, new_memfd, pack
+from evaluate_kernel.host_batches import ALIGN, Arena, HostBatches, HostInputs, new_memfd, pack
 
 
 def _sets(n: int, seed: int = 0) -> list[list]:
@@ -82,9 +82,9 @@ def test_the_input_file_cannot_be_shrunk_under_a_mapping():
         os.close(fd)
 
 
-def test_both_sides_run_the_same_step_on_the_same_inputs():
-    """The reference worker's fill writes one draw into the runner's file and its own; go() on either
-    gives the same outputs, and the reported addresses and geometry are those of the outputs held."""
+def test_both_runners_run_the_same_step_on_the_same_inputs():
+    """The reference worker's fills write one draw into either runner's file; go() on either gives the same
+    outputs, and the reported addresses and geometry are those of the outputs held."""
     ns: dict = {}
     exec(textwrap.dedent("""
         import torch
@@ -92,23 +92,69 @@ def test_both_sides_run_the_same_step_on_the_same_inputs():
             return [torch.randn(6, 5), 2.0]
     """), ns)
     model = lambda x, s: (x * s).softmax(-1)   # noqa: E731
-    runner, own = Arena.create(1 << 20), Arena.create(1 << 20)
+    arenas = {"runner": Arena.create(1 << 20), "reference": Arena.create(1 << 20)}
     try:
-        ref = HostBatches(model, ns, own)
-        cand = HostBatches(model, ns, runner)
-        layout = ref.fill(123, 4, [runner])
+        inputs = HostInputs(ns, arenas)
+        cand, ref = HostBatches(model, arenas["runner"]), HostBatches(model, arenas["reference"])
+        layout = inputs.fill(123, 4, "runner")
         a = cand.go(layout)
-        assert ref.fill(123, 4, [own]) == layout   # the same draw, reused for the second side
-        b = ref.go()
+        assert inputs.fill(123, 4, "reference") == layout   # the same draw, reused for the second side
+        b = ref.go(layout)
         for x, y in zip(cand.outs, ref.outs):
             assert torch.equal(x, y)
         assert a["geometry"] == b["geometry"] == [["float32", [6, 5], [5, 1]]]
         assert [p[0] for p in a["pointers"]] == [o.data_ptr() for o in cand.outs]
     finally:
-        import gc
-        from evaluate_kernel.batches import release_collections
-        release_collections()
-        gc.collect()
+        _release()
+
+
+def _release() -> None:
+    import gc
+
+    from evaluate_kernel.batches import release_collections
+    release_collections()
+    gc.collect()
+
+
+def test_timed_inputs_mix_the_trials_distributions_alike_on_both_sides():
+    """Each set of a timed batch goes through a distribution chosen from the seed: the same on every side
+    that draws from that seed, and not only the task's own (a ReLU of all-positive inputs would be the
+    identity on every timed call)."""
+    from evaluate_kernel.inputs import _draw_sets
+    ns: dict = {}
+    exec("import torch\ndef get_inputs():\n    return [torch.rand(4, 16)]", ns)
+    cpu = torch.device("cpu")
+    a = _draw_sets(ns, 7, 40, cpu, False, mixed=True)
+    b = _draw_sets(ns, 7, 40, cpu, False, mixed=True)
+    own = _draw_sets(ns, 7, 40, cpu, False)
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b))
+    assert sum((x[0] < 0).any().item() for x in a) >= 5   # negated, zero-mean, per-sample sets
+    assert any(torch.equal(x[0], y[0]) for x, y in zip(a, own))   # and the task's own
+
+
+def test_a_call_that_wrote_into_its_inputs_fails_the_check(tmp_path):
+    """The reference worker compares the candidate runner's file, for a checked call, with what it wrote
+    there: a ReLU computed in place over its input is right, and still fails."""
+    ns: dict = {}
+    exec("import torch\ndef get_inputs():\n    return [torch.randn(6, 5)]", ns)
+    arenas = {"runner": Arena.create(1 << 20), "reference": Arena.create(1 << 20)}
+    try:
+        inputs = HostInputs(ns, arenas)
+        cand = HostBatches(lambda x: x.relu_(), arenas["runner"])   # in place, in the runner's file
+        ref = HostBatches(lambda x: x.relu(), arenas["reference"])
+        mem = readout.Memory(os.getpid())
+        geometry = [["float32", [6, 5], [5, 1]]]
+        layout = inputs.fill(5, 3, "runner")
+        readout.write(str(tmp_path / "c"), mem, readout.claim(cand.go(layout), 3, geometry), [0, 1])
+        inputs.fill(5, 3, "reference")
+        readout.write(str(tmp_path / "r"), mem, readout.claim(ref.go(layout), 3, geometry), [0, 1])
+        mem.close()
+        items = [{"call": j, "inputs": [layout["base"] + j * layout["set_bytes"], layout["set_bytes"]]} for j in (0, 1)]
+        results = inputs.check(str(tmp_path / "c"), str(tmp_path / "r"), items, 1e-4, 1e-4, 1e-5)
+        assert [r["ok"] for r in results] == [False, False]
+        assert all("changed its inputs" in r["reason"] for r in results)
+    finally:
+        _release()
 
 
 # ------------------------------------------------------------------------------------------ the claim
@@ -133,13 +179,50 @@ def test_a_claim_of_disjoint_outputs_is_accepted():
     (_reply([[4096.0]]), 1, "another number"),                               # not an integer
     (_reply([[4096]], [["float64", [4, 8], [8, 1]]]), 1, "the reference's"),  # another dtype
     (_reply([[4096]], [["float32", [8, 4], [4, 1]]]), 1, "the reference's"),  # another shape
-    (_reply([[4096]], [["float32", [4, 8], [1 << 30, 1]]]), 1, "span far more"),  # a stride reaching afar
     (_reply([[4096]], [["complex256", [4, 8], [8, 1]]]), 1, "cannot read"),   # no such dtype
     (_reply([[4096]], "garbage"), 1, "cannot read"),
 ])
 def test_a_false_claim_is_refused(reply, n, why):
     problem = readout.claim(reply, n, REF_GEOMETRY)
     assert isinstance(problem, str) and why in problem
+
+
+def test_an_output_inside_another_calls_span_is_found():
+    """Call 1's second output lies inside call 0's first, between spans of call 0's own: the sweep keeps
+    the furthest end so far (neighbours alone would miss it)."""
+    geometry = [["float32", [4, 8], [8, 1]], ["float32", [1], [1]]]
+    problem = readout.claim(_reply([[4096, 4100], [8192, 4200]], geometry), 2, geometry)
+    assert isinstance(problem, str) and "same memory" in problem
+
+
+def test_an_output_too_large_to_read_is_refused():
+    geometry = [["float32", [1 << 21, 1 << 10], [1 << 10, 1]]]   # 8 GiB
+    problem = readout.claim(_reply([[4096]], geometry), 1, geometry)
+    assert isinstance(problem, str) and "larger than" in problem
+
+
+def test_no_output_may_lie_in_the_input_file():
+    """An output written over its call's inputs (in the runner's input file) saves the output's memory and
+    the cold writes the reference pays for: refused wherever the runner has the file mapped."""
+    inputs = [(1 << 20, 2 << 20)]
+    assert isinstance(readout.claim(_reply([[4096]]), 1, REF_GEOMETRY, inputs), readout.Claim)
+    problem = readout.claim(_reply([[(1 << 20) + 64]]), 1, REF_GEOMETRY, inputs)
+    assert isinstance(problem, str) and "input file" in problem
+
+
+def test_the_input_file_is_found_in_the_process_maps(tmp_path):
+    """Every mapping of the file counts (a runner may map it again elsewhere)."""
+    import mmap
+    fd = new_memfd(1 << 16)
+    try:
+        a, b = mmap.mmap(fd, 1 << 16), mmap.mmap(fd, 1 << 16)
+        st = os.fstat(fd)
+        found = readout.mappings(os.getpid(), st.st_dev, st.st_ino)
+        assert len(found) == 2 and all(hi - lo == 1 << 16 for lo, hi in found)
+        a.close()
+        b.close()
+    finally:
+        os.close(fd)
 
 
 def test_outputs_of_one_call_may_share_memory():
@@ -158,6 +241,32 @@ CHILD = textwrap.dedent("""
     out.fill_(-1.0)      # "computed later": after the parent stopped and read us, this is too late
     time.sleep(60)
 """)
+
+
+PADDED = textwrap.dedent("""
+    import sys, torch
+    buf = torch.arange(4 * 80, dtype=torch.float32).reshape(4, 80)
+    out = buf[:, :8]     # an honest narrow view of a padded buffer
+    sys.stdout.write(f"{out.data_ptr()}\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+""")
+
+
+def test_a_narrow_view_of_a_padded_buffer_is_read_row_by_row(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", PADDED], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        address = int(p.stdout.readline())
+        os.kill(p.pid, signal.SIGSTOP)
+        geometry = [["float32", [4, 8], [80, 1]]]
+        c = readout.claim(_reply([[address]], geometry), 1, [["float32", [4, 8], [8, 1]]])
+        mem = readout.Memory(p.pid)
+        assert readout.write(str(tmp_path / "o"), mem, c, [0]) is None
+        mem.close()
+        got = readout.load(str(tmp_path / "o"))[0][0]
+        assert torch.equal(got, torch.arange(4 * 80, dtype=torch.float32).reshape(4, 80)[:, :8])
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_outputs_are_read_from_the_stopped_process_as_they_were():
