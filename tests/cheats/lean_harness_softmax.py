@@ -44,8 +44,8 @@ if old is not None and not getattr(old.Batches, "_lean", False):
 host = sys.modules.get("evaluate_kernel.host_batches")
 if host is not None and not getattr(host.HostBatches, "_lean", False):
     import torch
-    def lean_go(self, layout=None):
-        sets = self.own.views(layout)
+    def lean_go(self, layout):
+        sets = self.arena.views(layout)
         with torch.no_grad():
             outs = [self.model(*xs) for xs in sets]
         self.kept = getattr(self, "kept", [])
