@@ -55,7 +55,7 @@ memory footprint as a score, clock locking (the GPU runs at its own clocks; pair
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
 conversation with a runner), clock.py (pure: the speedup from the phases), device.py (a device slot:
 reference worker, spares, locks), sandbox.py (private code copy, namespace, process sweep, build seal),
-readout.py (a CPU runner's outputs, read from its memory). Protocol: protocol.py (message table, the
+readout.py (a CPU runner's outputs, read from its memory), stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message table, the
 parent's handle on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
 sides), batches.py (a GPU batch, both sides), inputs.py (inputs, models, output checks), build.py
 (load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py. Leaf: common.py (results, options,

@@ -3,19 +3,24 @@
 Public flow, Evaluation.run():
 
     trials    the runner computes the trials' outputs from seeds drawn here; the reference worker judges
-    timing    batches alternate between the reference worker and the runner (clock.py): for each, "draw",
-              "go", "digest", every step timed by this process's clock; the runner is stopped (SIGSTOP)
-              whenever it is not its turn, and on a GPU the reference worker waits until the device is
-              idle before the reference runs, the wait charged to the batch before it; until the
-              speedup's interval is narrow enough (or the pairs or the time run out)
-    verify    after every candidate batch, untimed: the runner ships the outputs of calls chosen once
-              their digests arrived; the reference worker, having run the same inputs in its next batch,
-              checks them against its own outputs and against the digests
+    timing    batches alternate between the reference's side and the runner (clock.py), each timed by
+              this process; the runner is stopped (SIGSTOP) whenever it is not its turn, until the
+              speedup's interval is narrow enough (or the pairs or the time run out).
+              CPU: the reference worker writes a batch's inputs into the runner's input file; the runner
+              runs "go" alone, timed by its CPU time (stopped.py); the reference is timed the same way in
+              a runner of its own (host_batches.py).
+              GPU: "draw", "go", "digest" in the runner and in the reference worker, every step timed by
+              this process's clock; the reference worker waits until the device is idle before the
+              reference runs, the wait charged to the batch before it (batches.py)
+    verify    after every candidate batch, untimed, calls chosen once the batch is over. CPU: their
+              outputs read from the stopped runner's memory (readout.py), and from the reference's runner;
+              GPU: shipped by the runner, whose digests came first. The reference worker compares them
     verdict   every figure finite and positive, or a rejection that says which
 
 Nothing the runner says is believed: its outputs count as the reference worker judges them; its only
-part in the runtime is when its answers arrive. The baseline (src None) runs the reference's own Model
-in a runner by the same protocol: its speedup is the protocol's self-check (close to 1).
+part in the runtime is when its answers arrive (CPU: the CPU time it spends). The baseline (src None)
+runs the reference's own Model in a runner by the same protocol: its speedup is the protocol's self-check
+(close to 1).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from . import clock, readout
 from .common import _DISTS, _PEAKS, EvalResult, _remove
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
+from .stopped import cpu_seconds, stop
 from .sandbox import find_processes, kill_processes
 
 
@@ -244,7 +250,7 @@ class Evaluation:
         time (every thread), which a busy neighbour taking the core does not inflate."""
         if self.ev.device == "cuda":
             return time.monotonic
-        return lambda: _cpu_seconds(pid)
+        return lambda: cpu_seconds(pid)
 
     def _ref_batch(self, seed: int, n: int, batch: int, keep: dict | None) -> clock.Batch:
         b = clock.Batch("ref", n)
@@ -297,14 +303,14 @@ class Evaluation:
                               "filled")["layout"]
         try:
             pid = rr.main_pid()
-            _stop(pid)   # stopped already, except in its first batch
+            stop(pid)   # stopped already, except in its first batch
             b = clock.Batch("ref", n)
-            t = _cpu_seconds(pid, stopped=True)
+            t = cpu_seconds(pid, stopped=True)
             rr.send({"cmd": "go", "layout": layout})
             os.kill(pid, signal.SIGCONT)
             reply = rr.recv(self.opts.run_timeout_s)
-            _stop(pid)
-            b.calls = _cpu_seconds(pid, stopped=True) - t
+            stop(pid)
+            b.calls = cpu_seconds(pid, stopped=True) - t
             if reply.get("kind") != "done":
                 raise RuntimeError(f"the reference's runner answered {reply.get('kind')}: {reply.get('error')}")
             if self._ref_geometry is None:
@@ -325,14 +331,14 @@ class Evaluation:
         before and after."""
         reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "runner"}), "filled")
         b = clock.Batch("cand", n)
-        t = _cpu_seconds(self.main, stopped=True)
+        t = cpu_seconds(self.main, stopped=True)
         self.w.send({"cmd": "go", "layout": reply["layout"]})
         self._thaw()
         msg = self._reply("done")
         bad = self._freeze()
         if bad is not None:
             return bad, None
-        b.calls = _cpu_seconds(self.main, stopped=True) - t
+        b.calls = cpu_seconds(self.main, stopped=True) - t
         st = os.fstat(self.w.arena[0])
         c = readout.claim(msg, n, self._ref_geometry or [], readout.mappings(self.main, st.st_dev, st.st_ino))
         if isinstance(c, str):
@@ -403,7 +409,7 @@ class Evaluation:
             return EvalResult("rejected", message=f"rejected: the candidate's process ran {threads} threads while "
                               f"it was timed (at most {self.opts.max_threads}: each can leave a timer that fires "
                               "on the reference's core while it is timed)", details=self.details)
-        _stop(main, signal_sent=True)
+        stop(main, signal_sent=True)
         return None
 
     def _thaw(self) -> None:
@@ -589,63 +595,6 @@ def _timing_details(timed: dict, device: str) -> dict:
         out.update(pairs=f.pairs, ratios=[round(r, 5) for r in f.ratios], runtime_ms=f.runtime_ms,
                    baseline_ms=f.baseline_ms, speedup=f.speedup, interval=[f.low, f.high])
     return out
-
-
-def _cpu_seconds(pid: int, stopped: bool = False) -> float:
-    """A process's CPU time, all its threads (those that ended too), from the kernel (Linux's CPU clock of
-    another process, clock id ((~pid) << 3) | 2), read while the process is stopped. Linux brings a
-    running thread's time up to date only at its scheduler's events (a tick: 1 to 10 ms apart), so a
-    process read while it runs shows up to a tick per running thread too little: a runner that answered
-    and kept running past the reading would carry its last milliseconds of work out of the step. Stopped
-    (every thread descheduled), its time is whole; it goes on at once, unless it was `stopped` already
-    (and stays so)."""
-    if stopped:
-        try:
-            return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
-        except OSError:
-            raise EOFError(f"process {pid} is gone") from None
-    try:
-        os.kill(pid, signal.SIGSTOP)
-    except ProcessLookupError:
-        raise EOFError(f"process {pid} is gone") from None
-    try:
-        end = time.monotonic() + 0.5
-        while not _all_stopped(pid) and time.monotonic() < end:
-            time.sleep(0.00005)
-        return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
-    except OSError:
-        raise EOFError(f"process {pid} is gone") from None
-    finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-
-def _stop(pid: int, signal_sent: bool = False) -> None:
-    """SIGSTOP pid (unless sent already), and wait until every thread of it has stopped."""
-    if not signal_sent and _state(pid) not in ("T", "t"):
-        os.kill(pid, signal.SIGSTOP)
-    end = time.monotonic() + 1.0
-    while not _all_stopped(pid) and time.monotonic() < end:
-        time.sleep(0.0002)
-
-
-def _all_stopped(pid: int) -> bool:
-    """Every thread of pid stopped (or gone)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    return all(_state(pid, tid) in ("T", "t", "X", "Z", "") for tid in tids)
-
-
-def _state(pid: int, tid: str | None = None) -> str:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return ""
 
 
 def _forged(details: dict, what: str) -> EvalResult:

@@ -530,7 +530,7 @@ def test_start_up_marks_that_are_no_numbers_are_ignored(ev):
 # ------------------------------------------------------------------------------------------ parent's clock
 def test_a_process_cpu_clock_counts_every_thread():
     """The CPU's clock: a process's CPU time from the kernel, threads that ended included."""
-    from evaluate_kernel import evaluation
+    from evaluate_kernel import stopped
     code = ("import threading, time\n"
             "def spin():\n    t = time.thread_time()\n    while time.thread_time() - t < 0.3: pass\n"
             "ts = [threading.Thread(target=spin) for _ in range(2)]\n"
@@ -538,12 +538,12 @@ def test_a_process_cpu_clock_counts_every_thread():
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "done"
-        assert evaluation._cpu_seconds(proc.pid) > 0.6   # two threads x 0.3 s of their own CPU time, both ended
+        assert stopped.cpu_seconds(proc.pid) > 0.6   # two threads x 0.3 s of their own CPU time, both ended
     finally:
         proc.kill()
         proc.wait(timeout=5)
     with pytest.raises(EOFError):
-        evaluation._cpu_seconds(proc.pid)
+        stopped.cpu_seconds(proc.pid)
 
 
 def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
@@ -551,7 +551,7 @@ def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
     while it runs, a process shows up to a tick per running thread too little, and a runner that kept
     running past its answer would carry work out of the step (about 10% on conv_groupnorm_small). The
     parent reads the clock with every thread stopped, and the process runs on afterwards."""
-    from evaluate_kernel import evaluation
+    from evaluate_kernel import stopped
     code = ("import threading\ndef spin():\n    while True: pass\n"
             "[threading.Thread(target=spin, daemon=True).start() for _ in range(3)]\n"
             "print('go', flush=True)\nspin()\n")
@@ -560,16 +560,16 @@ def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
 
     def checked(clock_id):
         tids = os.listdir(f"/proc/{proc.pid}/task")
-        states.append(sorted(evaluation._state(proc.pid, t) for t in tids))
+        states.append(sorted(stopped.state(proc.pid, t) for t in tids))
         return read(clock_id)
 
     try:
         assert proc.stdout.readline().strip() == "go"
-        monkeypatch.setattr(evaluation.time, "clock_gettime_ns", checked)
-        values = [evaluation._cpu_seconds(proc.pid) for _ in range(20)]
+        monkeypatch.setattr(stopped.time, "clock_gettime_ns", checked)
+        values = [stopped.cpu_seconds(proc.pid) for _ in range(20)]
         monkeypatch.undo()
         time.sleep(0.05)
-        later = evaluation._cpu_seconds(proc.pid)   # it ran on meanwhile
+        later = stopped.cpu_seconds(proc.pid)   # it ran on meanwhile
     finally:
         proc.kill()
         proc.wait(timeout=5)
