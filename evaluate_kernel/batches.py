@@ -24,9 +24,10 @@ from .inputs import _check_outputs, _draw_sets, _sync
 class Batches:
     """The batches of one timing conversation, in one worker."""
 
-    def __init__(self, model, ref_ns: dict, device, on_device: bool):
+    def __init__(self, model, ref_ns: dict, device, on_device: bool, call=None):
         hold_collections()
         self.model, self.ref_ns, self.device, self.on_device = model, ref_ns, device, on_device
+        self.call = call or module_call()
         self.batch = -1
         self.sets: list = []
         self.outs: list = []
@@ -51,9 +52,9 @@ class Batches:
 
     def go(self) -> None:
         import torch
-        model, sets = self.model, self.sets
+        model, sets, call = self.model, self.sets, self.call
         with torch.no_grad():
-            outs = [model(*xs) for xs in sets]
+            outs = [call(model, *xs) for xs in sets]
         _sync(self.device)
         self.outs = outs
 
@@ -117,6 +118,15 @@ class Batches:
         for i in calls:
             if 0 <= i < len(self.outs):
                 self.kept[f"{self.batch}:{i}"] = [t for t in _flat(self.outs[i])]
+
+
+def module_call():
+    """nn.Module's own call path (hooks checked, then forward), as both sides call their model in a
+    batch. A runner takes it before any candidate code runs: a ModelNew whose __call__ skips that path
+    saved about a microsecond a call that the reference paid (1.11-1.17x on a 6 us ReLU, sixth red team);
+    the batch is the model's forward, reached the same way on both sides."""
+    import torch
+    return torch.nn.Module._call_impl
 
 
 def hold_collections() -> None:

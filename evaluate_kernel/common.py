@@ -132,13 +132,13 @@ def compare_outputs(outs: list, refs: list, rtol: float, atol: float, l2_tol: fl
         worst["max_abs_err"] = max(worst["max_abs_err"], diff.max().item())
         worst["max_rel_err"] = max(worst["max_rel_err"], (diff / rf.abs().clamp_min(1e-12)).max().item())
         worst["rel_l2"] = max(worst["rel_l2"], rel_l2)
-        elem_ok, l2_ok = excess.view(-1)[j].item() <= 0, rel_l2 <= l2_tol
+        elem_ok, l2_ok = excess.reshape(-1)[j].item() <= 0, rel_l2 <= l2_tol
         if not (elem_ok and l2_ok) and worst["ok"]:
             why = [] if elem_ok else ["elementwise bound rtol*|ref|+atol*RMS(ref) exceeded"]
             why += [] if l2_ok else [f"relative L2 error {rel_l2:.3g} > {l2_tol:.3g}"]
             worst.update(ok=False, reason=f"output {i}: " + "; ".join(why) +
-                         f"; worst at index {[int(v) for v in idx]}: got {of.view(-1)[j].item():.6g}, "
-                         f"expected {rf.view(-1)[j].item():.6g} (abs err {diff.view(-1)[j].item():.3g}, "
+                         f"; worst at index {[int(v) for v in idx]}: got {of.reshape(-1)[j].item():.6g}, "
+                         f"expected {rf.reshape(-1)[j].item():.6g} (abs err {diff.reshape(-1)[j].item():.3g}, "
                          f"RMS(ref) {rms:.3g})")
     return worst
 

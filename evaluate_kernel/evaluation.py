@@ -65,7 +65,8 @@ class Evaluation:
         self.mem: readout.Memory | None = None     # (CPU, timing) the runner's memory
         self.rr: Worker | None = None               # (CPU) the reference's runner, and its memory
         self.rr_mem: readout.Memory | None = None
-        self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride
+        self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride,
+        self._ref_views: set[int] = set()          # and those it returns as views of its inputs
 
     # ------------------------------------------------------------------------------------------ the flow
     def run(self) -> EvalResult:
@@ -314,7 +315,9 @@ class Evaluation:
             if reply.get("kind") != "done":
                 raise RuntimeError(f"the reference's runner answered {reply.get('kind')}: {reply.get('error')}")
             if self._ref_geometry is None:
+                st = os.fstat(rr.arena[0])
                 self._ref_geometry = reply["geometry"]
+                self._ref_views = readout.views_of_inputs(reply, readout.mappings(pid, st.st_dev, st.st_ino))
             if chosen is not None:
                 c = readout.claim(reply, n, self._ref_geometry)
                 if isinstance(c, str) or readout.write(self._ref_path, self.rr_mem, c, chosen) is not None:
@@ -340,7 +343,8 @@ class Evaluation:
             return bad, None
         b.calls = cpu_seconds(self.main, stopped=True) - t
         st = os.fstat(self.w.arena[0])
-        c = readout.claim(msg, n, self._ref_geometry or [], readout.mappings(self.main, st.st_dev, st.st_ino))
+        c = readout.claim(msg, n, self._ref_geometry or [], readout.mappings(self.main, st.st_dev, st.st_ino),
+                          self._ref_views)
         if isinstance(c, str):
             return _forged(self.details, c), None
         c.layout = reply["layout"]

@@ -92,10 +92,10 @@ class Arena:
 class HostBatches:
     """(A runner: the candidate's, or the reference's own.) The batches it runs, on the CPU."""
 
-    def __init__(self, model, arena: Arena):
+    def __init__(self, model, arena: Arena, call):
         from .batches import hold_collections
         hold_collections()
-        self.model, self.arena = model, arena
+        self.model, self.arena, self.call = model, arena, call   # call: batches.module_call(), taken early
         self.outs: list = []
 
     def go(self, layout: dict) -> dict:
@@ -104,9 +104,9 @@ class HostBatches:
         import torch
         self.outs = []
         sets = self.arena.views(layout)
-        model = self.model
+        model, call = self.model, self.call
         with torch.no_grad():
-            outs = [model(*xs) for xs in sets]
+            outs = [call(model, *xs) for xs in sets]
         self.outs = outs
         first = _flat(outs[0]) if outs else []
         return {"pointers": [[t.data_ptr() for t in _flat(o)] for o in outs],

@@ -32,11 +32,13 @@ class Claim:
         self.nbytes = [_extent(shape, stride) * DTYPE_SIZES[dtype] for dtype, shape, stride in geometry]
 
 
-def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = ()) -> Claim | str:
-    """The runner's reply as a Claim, or what is wrong with it. reference: the reference worker's
-    geometry for the same model call ([dtype, shape, stride] per output); inputs: the address ranges
-    where the runner has its input file mapped (no output may lie there: one written over its own
-    inputs saves the memory and the writes the reference pays for)."""
+def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = (),
+          views: set[int] = frozenset()) -> Claim | str:
+    """The runner's reply as a Claim, or what is wrong with it. reference: the reference's geometry for
+    the same model call ([dtype, shape, stride] per output); inputs: the address ranges where the runner
+    has its input file mapped. No output may lie there (one written over its own inputs saves the memory
+    and the writes the reference pays for) but those in `views`: the outputs the reference itself returns
+    as views of its inputs (a flatten), which the candidate may too."""
     pointers, geometry = reply.get("pointers"), reply.get("geometry")
     if not (isinstance(geometry, list) and len(geometry) == len(reference)
             and all(_geometry_ok(g) for g in geometry)):
@@ -52,19 +54,25 @@ def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = 
                     and all(type(a) is int and 0 < a < 1 << 57 for a in p) for p in pointers)):
         return "the runner sent output addresses for another number of calls or outputs than it made"
     c = Claim(pointers, geometry)
-    spans = sorted((a, a + nb, i) for i, p in enumerate(pointers) for a, nb in zip(p, c.nbytes) if nb)
+    spans = sorted((a, a + nb, i, k) for i, p in enumerate(pointers) for k, (a, nb) in enumerate(zip(p, c.nbytes)) if nb)
     end, owner = -1, -1   # the furthest end so far, and its call: a span of another call starting before it overlaps
-    for a, e, i in spans:
+    for a, e, i, _ in spans:
         if a < end and i != owner:
             return (f"calls {min(i, owner)} and {max(i, owner)} returned outputs in the same memory: return a new "
                     "tensor from every call (every call's output is kept and may be checked)")
         if e > end:
             end, owner = e, i
-    for a, e, i in spans:
-        if any(a < hi and lo < e for lo, hi in inputs):
+    for a, e, i, k in spans:
+        if k not in views and any(a < hi and lo < e for lo, hi in inputs):
             return (f"call {i} returned memory of the input file: a timed call may neither return its inputs' "
                     "memory nor write its outputs there")
     return c
+
+
+def views_of_inputs(reply: dict, inputs: list[tuple[int, int]]) -> set[int]:
+    """(The reference's runner, trusted.) The outputs whose first call's address lies in its input file."""
+    first = (reply.get("pointers") or [[]])[0]
+    return {k for k, a in enumerate(first) if any(lo <= a < hi for lo, hi in inputs)}
 
 
 def mappings(pid: int, dev: int, ino: int) -> list[tuple[int, int]]:

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from .batches import Batches, probe_ms, release_collections, reset_persisting_l2
+from .batches import Batches, module_call, probe_ms, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
 from .common import _flat, compare_outputs, load_plain, open_lock
 from .confine import confine, pin_threads
@@ -134,7 +134,8 @@ def _prepare_runner(prep: dict, send, stdin: LineReader) -> dict:
         if lock is not None:
             lock.close()  # closing the file releases the lock
     marks["cuda_ready"] = time.time()
-    state = {"device": device, "ref_ns": _exec_source(prep["reference_src"], "<reference>")}
+    state = {"device": device, "ref_ns": _exec_source(prep["reference_src"], "<reference>"),
+             "call": module_call()}   # before any candidate code: the model is called the reference's way
     marks["reference_ready"] = time.time()
     send({"kind": "ready", "marks": marks})
     return state
@@ -208,9 +209,9 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     try:
         if device.type == "cpu":
             arena = job["arena"]
-            _serve_host(HostBatches(model, Arena(int(arena["fd"]), int(arena["size"]))), send, recv)
+            _serve_host(HostBatches(model, Arena(int(arena["fd"]), int(arena["size"])), state["call"]), send, recv)
         else:
-            _serve_batches(Batches(model, ref_ns, device, job["on_device"]), send, recv)
+            _serve_batches(Batches(model, ref_ns, device, job["on_device"], state["call"]), send, recv)
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "timing", "error": _short_traceback(e)})
 

@@ -3,7 +3,8 @@
 Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`) that cheats in one known
 way (tests/cheats/README.md has the catalogue). Its module docstring carries machine-readable lines:
 
-    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu | two_gn
+    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu | two_gn |
+               flatten | transpose
     EXPECT:    a |-separated set of statuses, or "honest-timing", "no-profit" or "no-leak"
     TWIN:      for "no-profit": the honest file in tests/honest/ computing the same thing without the trick
     RULE:      keywords (|-separated, any one) the message must contain when the status is "rejected"
@@ -306,6 +307,54 @@ def get_init_inputs():
 '''
 
 
+FLATTEN_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A flatten and a softmax: the first output is a view of the input."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.flatten(x, 1), torch.softmax(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(16, 8, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+TRANSPOSE_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A softmax returned as a transposed view, as attention blocks return theirs."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=-1).transpose(1, 2)
+
+
+def get_inputs():
+    return [torch.randn(8, 64, 128)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
 REFERENCES = {
     "gn": _gn(8, 3, 16, 32, 8),                    # level2 #92 at KernelBench v0 sizes, batch 8
     "gn_cuda": _gn(32, 8, 64, 128, 16),            # a quarter of the v0.1 batch, for the GPU tests
@@ -317,6 +366,8 @@ REFERENCES = {
     "inf_relu": INF_RELU_SRC,
     "bmm_instnorm": BMM_INSTNORM_SRC,
     "two_gn": TWO_GN_SRC,
+    "flatten": FLATTEN_SRC,
+    "transpose": TRANSPOSE_SRC,
 }
 
 
