@@ -42,15 +42,17 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
 
 Not protected: on a GPU the runner draws its own inputs and digests its own outputs, by code it can
-replace, and a step is charged only beyond the reference worker's time for it: a leaner harness that
-fills the difference with the calls' work gains it (fourth red team: about 1.08x over the twin on a 10 us
+replace, and a step is charged only beyond the reference worker's time for it: a leaner harness that fills
+the difference with the calls' work gains it (fourth red team: about 1.08x over the twin on a 10 us
 softmax, once 1.25x; nothing on conv_groupnorm). The cure is the CPU's, through GPU memory shared across
-the namespace (not built). Outputs of calls not chosen for checking are bound only by their digests or
-the stopped memory, so a candidate that skips a fraction f of its calls is caught with probability
-1-(1-f)^k over k checks; without a namespace, a process that clears its environment and leaves its
-worker's tree escapes the sweep, and the runner can signal the reference worker (its death then rejects
-the candidate); the cache directory and /dev/shm stay writable to candidates. Not measured: energy,
-memory footprint as a score, clock locking (the GPU runs at its own clocks; pairs cancel drift).
+the namespace (not built). Every set of a batch is in the runner's memory when its first call starts, so a
+candidate can compute several calls' outputs at once (the sixth red team measured no profit from it).
+Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
+candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
+a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
+runner can signal the reference worker (its death then rejects the candidate); the cache directory and
+/dev/shm stay writable to candidates. Not measured: energy, memory footprint as a score, clock locking (the
+GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
 conversation with a runner), clock.py (pure: the speedup from the phases), device.py (a device slot:
