@@ -320,8 +320,9 @@ class Options:
     max_pairs: int = 40  # ... and at most this many
     target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: 0.5% on a
     # GPU, 2% on the CPU) ...
-    timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 3 s on the CPU, where a
-    # loaded machine may never reach 2% and every candidate of a search would pay the whole budget)
+    timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 2 s on the CPU, where a
+    # loaded machine may never reach 2% and every candidate of a search would pay the whole budget; with
+    # nothing but calls in a CPU batch, 2 s gives about +-2% on conv_groupnorm_small)
     verify_per_batch: int = 1  # calls per candidate batch whose outputs are checked (chosen after its digests)
     max_threads: int = 64  # threads a runner may hold while it is stopped for the reference (each can
     # leave a wake-up that fires on the reference's core, where its interrupt is the reference's CPU time)

@@ -146,7 +146,7 @@ class Evaluation:
         opts, dev = self.opts, self.dev
         gpu = self.ev.device == "cuda"
         target = opts.target_ci if opts.target_ci is not None else (0.005 if gpu else 0.02)
-        budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 3.0)
+        budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 2.0)
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
         host = not gpu

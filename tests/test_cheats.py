@@ -689,12 +689,12 @@ def test_honest_candidate_passes_cpu(spec: Spec, cpu_evaluators):
 def test_honest_fast_kernel_is_really_faster(cpu_evaluators):
     """A legitimately much faster kernel must be reported faster (flagged at most), not clamped or rejected.
 
-    It reads 5.7-6.2x on a loaded 2-core machine (the host floor, set by difference with the reference's
-    own rounds, does not clamp it)."""
+    It reads 3.0-3.5x on the 2-core machine, with the session-12 code and with this one alike (2.7x once
+    while the suite ran)."""
     spec = load_spec(HONEST / "fast_vs_loop.py")
     result = cpu_evaluators(spec.reference).evaluate(spec.source)
     assert result.status == "ok", _describe(result)
-    assert result.speedup > 3.0, _describe(result)
+    assert result.speedup > 2.0, _describe(result)
 
 
 _LEAK_RUNNER = r"""
