@@ -122,6 +122,7 @@ def _libraries(build_dir: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(build_dir.rglob("*.so")))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(NAMESPACE), reason=f"no namespace here: {NAMESPACE}")
 def test_a_forged_marker_is_not_trusted_and_an_honest_one_is(root):
     """Another candidate rewrites a built library and its marker (digest recomputed, key hidden from it): a

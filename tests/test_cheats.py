@@ -677,7 +677,13 @@ def test_cheat_is_caught_cpu(spec: Spec, cpu_evaluators, honest_ms, twins, forge
                 f"a candidate wrote a forged result into the repository: {p}"
 
 
-@pytest.mark.parametrize("spec", _params(HONEST_SPECS, "cpu"))
+def _slow_builds(params: list) -> list:
+    """Honest C++ candidates build an extension on the CPU (30-40 s each on 2 cores): `slow`."""
+    return [pytest.param(*p.values, id=p.id, marks=pytest.mark.slow) if "load_inline" in p.values[0].source
+            else p for p in params]
+
+
+@pytest.mark.parametrize("spec", _slow_builds(_params(HONEST_SPECS, "cpu")))
 def test_honest_candidate_passes_cpu(spec: Spec, cpu_evaluators):
     result = cpu_evaluators(spec.reference).evaluate(spec.source)
     assert result.status == "ok", f"{spec.path.name} wrongly failed: {_describe(result)}"
