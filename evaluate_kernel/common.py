@@ -323,7 +323,8 @@ class Options:
     timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 2 s on the CPU, where a
     # loaded machine may never reach 2% and every candidate of a search would pay the whole budget; with
     # nothing but calls in a CPU batch, 2 s gives about +-2% on conv_groupnorm_small)
-    verify_per_batch: int = 1  # calls per candidate batch whose outputs are checked (chosen after its digests)
+    verify_per_batch: int = 2  # calls per candidate batch whose outputs are checked (chosen after its digests or
+    # its stopped memory): a shortcut that holds for half the input distributions escapes a batch 1 time in 4
     max_threads: int = 64  # threads a runner may hold while it is stopped for the reference (each can
     # leave a wake-up that fires on the reference's core, where its interrupt is the reference's CPU time)
     probe_ms: float = 0.2  # a trivial kernel slower than this (or 4x its idle time) after a batch: GPU busy
