@@ -37,7 +37,8 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   the namespace every file system but the cache and /dev is read-only to it, and it holds no capability
   (no remount, no file handles).
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
-  + network namespace where one can be made (code, Python installation read-only; the build-marker key hidden);
+  + network namespace where one can be made (code, Python installation read-only; the build-marker key
+  hidden; /dev/shm its own), fresh for each candidate, forked from a server that has imported torch;
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
 
@@ -50,13 +51,14 @@ candidate can compute several calls' outputs at once (the sixth red team measure
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
-runner can signal the reference worker (its death then rejects the candidate); the cache directory and
-/dev/shm stay writable to candidates. Not measured: energy, memory footprint as a score, clock locking (the
+runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
+writable to candidates (and, without a namespace, /dev/shm). Not measured: energy, memory footprint as a score, clock locking (the
 GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
 conversation with a runner), clock.py (pure: the speedup from the phases), device.py (a device slot:
-reference worker, spares, locks), sandbox.py (private code copy, namespace, process sweep, build seal),
+reference worker, spares, locks), sandbox.py (private code copy, process sweep, build seal), namespace.py
+(the namespace's policy), forkserver.py (workers forked from a process with torch imported),
 readout.py (a CPU runner's outputs, read from its memory), stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message table, the
 parent's handle on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
 sides), batches.py (a GPU batch, both sides), inputs.py (inputs, models, output checks), build.py

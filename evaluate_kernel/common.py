@@ -311,7 +311,8 @@ class Options:
     prepare_bytes: int = 2 << 30  # reference outputs computed ahead, alongside the candidate's trials (0: off)
     inputs_on_device: bool = True  # get_inputs() draws on the timing device (False: on the CPU, then copied)
     pin_cpus: bool = True  # cores of its own for each device's runner when there are enough
-    isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (sandbox.py)
+    isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (namespace.py)
+    fork_server: bool = True  # ... forked there from a process that has imported torch (forkserver.py)
     # Timing (clock.py): batches of back-to-back calls, alternating reference and candidate ...
     batch_ms: float = 20.0  # ... each lasting about this long on the faster side ...
     max_batch_ms: float = 250.0  # ... and at most this long on the slower one ...

@@ -30,10 +30,12 @@ from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
 from .common import EvalResult, EvaluatorError, Options, _move, lock_path, open_lock, scrubbed_env, source_hash
 from .device import Device, _cuda_count
+from .forkserver import ForkServer
 from .host_batches import ALIGN, MAX_SHIFT, new_memfd
-from .protocol import Worker
-from .sandbox import (BuildSeal, Namespace, PrivateCode, default_key_dir, forget_key, library_digest,
-                      namespace_problem, private_root, python_dirs)
+from .namespace import Namespace, namespace_problem
+from .protocol import Worker, _preexec
+from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, library_digest, private_root,
+                      python_dirs)
 from .screen import screen
 
 
@@ -119,6 +121,12 @@ class Evaluator:
         self._closed = False
         self._spare_builder: Worker | None = None
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
+        # Builders and runners are forked from a process that has imported torch (forkserver.py), started
+        # now, from the spawner thread it dies with; where it cannot run, they start by exec.
+        self._forks: ForkServer | None = None
+        self._fork_problem = "off" if not self.opts.fork_server else "no namespace" if problem else ""
+        if not self._fork_problem:
+            self._spawner.submit(self._start_fork_server)
         self.helpers = ThreadPoolExecutor(thread_name_prefix="pacevolve-prepare")  # reference prepares
         if gpus is None:
             gpus = list(range(_cuda_count())) if device == "cuda" else [0]
@@ -259,6 +267,9 @@ class Evaluator:
         for pool in (getattr(self, "_spawner", None), getattr(self, "helpers", None)):
             if pool is not None:
                 pool.shutdown(wait=False)
+        forks, self._forks = getattr(self, "_forks", None), None
+        if forks is not None:
+            forks.close()
         if getattr(self, "_seal", 0) is None:  # a key made meanwhile by another Evaluator was readable here
             forget_key(self._key_dir)
         private = getattr(self, "_private", None)
@@ -363,7 +374,25 @@ class Evaluator:
         arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
         return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
                       namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
-                      dies_with_parent=True, arena=arena)
+                      dies_with_parent=True, arena=arena, forkserver=self._forks if warm else None)
+
+    def _start_fork_server(self) -> None:
+        """(On the spawner thread, first of all.) The fork server, or why there is none (workers then
+        start by exec: each imports torch itself)."""
+        if self._closed:
+            return
+        self._check_code()
+        try:
+            self._forks = ForkServer(self.env(), self._code.import_dir, os.path.join(self.log_dir, "forks.log"),
+                                     preexec=_preexec(True, None))
+        except OSError as e:
+            self._fork_problem = f"failed: {e}"
+
+    @property
+    def fork_server(self) -> str:
+        """How builders and runners start: "on" (forked by the fork server), "starting", "off",
+        "no namespace" or "failed: why" (the last three: by exec, each importing torch)."""
+        return self._fork_problem or (self._forks.status if self._forks is not None else "starting")
 
     @property
     def input_file_bytes(self) -> int:

@@ -66,7 +66,8 @@ import sys
 import time
 
 from .common import _remove
-from .sandbox import MARK_ENV, Namespace, kill_processes
+from .namespace import Namespace
+from .sandbox import MARK_ENV, kill_processes
 
 # -I: no script directory, user site or PYTHON* variables on the import path; the private copy's import
 # directory goes after site-packages, so nothing dropped there can stand in for a library module.
@@ -83,7 +84,7 @@ class Worker:
 
     def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
                  mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
-                 dies_with_parent: bool = False, arena: tuple[int, int] | None = None):
+                 dies_with_parent: bool = False, arena: tuple[int, int] | None = None, forkserver=None):
         r, w = os.pipe()
         self.arena = arena   # (CPU runners) (fd, size) of the input file the parent made for it; it closes with us
         self.log_path = log_path
@@ -93,14 +94,22 @@ class Worker:
         code_dir = code_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         # -B: nothing written beside the code. In a namespace the worker cannot see our pid (it checks for 0).
         parent = 0 if namespace else os.getpid()
-        argv = [sys.executable, "-I", "-B", "-c", BOOT, code_dir, "--worker", str(w)] + (
-            ["warm", str(parent)] if warm else [])
-        self.proc = subprocess.Popen(
-            namespace.wrap(argv) if namespace else argv,
-            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-            pass_fds=(w,) if arena is None else (w, arena[0]),
-            env=dict(env, **{MARK_ENV: self.mark}), start_new_session=True,
-            preexec_fn=_preexec(warm or dies_with_parent, cpus))
+        args = [code_dir, "--worker", str(w)] + (["warm", str(parent)] if warm else [])
+        env = dict(env, **{MARK_ENV: self.mark})
+        self.proc, self.forked = None, False
+        if forkserver is not None and namespace is not None:  # forked from a process with torch imported
+            fds = {w: w, 1: self._log.fileno(), 2: self._log.fileno(), **({arena[0]: arena[0]} if arena else {})}
+            try:
+                self.proc, self.forked = forkserver.spawn(env, fds, args, namespace, cpus), True
+            except RuntimeError:
+                self.proc = None   # started by exec below
+        if self.proc is None:
+            argv = [sys.executable, "-I", "-B", "-c", BOOT] + args
+            self.proc = subprocess.Popen(
+                namespace.wrap(argv, code_dir) if namespace else argv,
+                stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                pass_fds=(w,) if arena is None else (w, arena[0]),
+                env=env, start_new_session=True, preexec_fn=_preexec(warm or dies_with_parent, cpus))
         os.close(w)
         self._rfd = r
         self._buf = b""
@@ -114,6 +123,8 @@ class Worker:
         place; a child stopped before it asked to die with unshare would outlive it)."""
         if self.namespace is None:
             return self.proc.pid
+        if self.forked:   # its launcher reports it
+            return self.proc.worker_pid(wait_s)
         pid, deadline = self.proc.pid, time.monotonic() + wait_s
         while True:
             try:
@@ -185,10 +196,13 @@ class Worker:
         descendants are found by ancestry); returns how many such processes there were."""
         strays = kill_processes({self.proc.pid}, self.mark)
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the whole group: compilers, stray children
-            except ProcessLookupError:
-                pass
+            if self.forked:
+                self.proc.kill()  # the launcher: its namespace's first process, and so all in it, die with it
+            else:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # the whole group: compilers, stray children
+                except ProcessLookupError:
+                    pass
             self.proc.wait()
         closers = [self.proc.stdin.close, self._log.close, lambda: os.close(self._rfd)]
         if self.arena is not None:

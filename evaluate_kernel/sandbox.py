@@ -10,17 +10,10 @@
   calls setsid stays a descendant of its worker; what still escapes that (a process that also cleared
   its environment and left the worker's tree before the worker died) is the documented residue.
 
-* Namespace: where util-linux's unshare and setpriv work (root on Linux: the CI container and the GPU
-  VM), builder and runner start inside a new PID and mount namespace. Everything they start dies with
-  the namespace's first process, however it was started; they cannot see or signal the reference worker
-  or the evaluator (outside their PID namespace); every file system is read-only to them but the cache
-  (bound writable) and /dev (the GPU's nodes; /dev/shm stays writable), the kernel's knobs under /proc
-  included; the key's directory is hidden; and every capability is dropped from the bounding
-  set: the candidate is root without privileges, so it cannot remount them, reach an inode past a mount
-  by a file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules.
-  The `hidden` directories (the build-marker key's) are covered by an empty read-only tmpfs. Without a
-  namespace, the process
-  sweep and the hash checks above are all there is (namespace_problem() says why).
+* Namespace (namespace.py): where namespaces can be made (root on Linux: the CI container and the GPU VM),
+  builder and runner start inside new PID, mount and network namespaces, with every file system read-only
+  but the cache, the key's directory hidden, and no capability. Without a namespace, the process sweep
+  and the hash checks above are all there is (namespace_problem() says why).
 * BuildSeal: a build's BUILT marker (in the writable cache) carries an HMAC-SHA256 over (source hash,
   library digest) under a per-user key kept outside the cache, in a directory the namespace hides. A
   later Evaluator trusts a cached build only if the marker's tag is right and the libraries still have
@@ -40,10 +33,8 @@ import secrets
 import shutil
 import signal
 import stat
-import subprocess
 import sysconfig
 import tempfile
-from dataclasses import dataclass, field
 
 MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
 PACKAGE = "evaluate_kernel"
@@ -111,69 +102,6 @@ class PrivateCode:
         os.chmod(self.import_dir, 0o500)
 
 
-@dataclass
-class Namespace:
-    """The PID + mount + network namespace a builder or runner starts in: `read_only` directories are
-    bind-mounted read-only (recursively, so a writable directory bound inside one first stays writable);
-    `hidden` directories are covered by an empty read-only tmpfs, last, so they stay hidden inside either.
-    The network namespace has only a loopback device that is down and cannot be brought up (no capability):
-    no socket reaches anything, not even this machine (a thousand loopback TCP connections with a pacing
-    rate keep a kernel timer each firing on the runner's core while it is stopped and the reference is
-    timed there: 1.8x over the twin on a small CPU softmax)."""
-    read_only: list[str]
-    writable: list[str]
-    hidden: list[str] = field(default_factory=list)
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        writable = [d for d in self.writable if os.path.isdir(d)]
-        read_only = [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)]
-        hidden = list(dict.fromkeys(self.hidden))
-        for d in hidden:  # made if gone: a key created there later must not be visible to this worker
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        # --kill-child: if unshare itself is killed, the namespace's first process gets SIGKILL, and with
-        # it every process in the namespace. An empty bounding set: no remount or umount (so no way under
-        # the tmpfs that hides the key), no open_by_handle_at (an inode reached by its handle is on the
-        # writable mount beneath the read-only bind), no device nodes, no kernel modules.
-        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--", "/bin/sh", "-c",
-                _MOUNT_SCRIPT, "sh", str(len(writable)), *writable, str(len(read_only)), *read_only,
-                str(len(hidden)), *hidden, "setpriv", "--bounding-set", "-all", "--", *argv]
-
-
-# Arguments: N writable dirs, M read-only dirs, K hidden dirs, then the command. After those, every other
-# mount is made read-only (the root file system, /tmp, /sys, other disks: a root process could otherwise
-# write /etc/ld.so.preload, a git hook, a sysctl), but /dev (the GPU's device nodes) and the namespace's own
-# /proc, where the kernel's knobs (/proc/sys, sysrq-trigger, irq, bus, fs) are read-only too. A failed
-# mount aborts (exit 97): a worker never runs with less protection than the Evaluator reported.
-_MOUNT_SCRIPT = """set -e
-NL='
-'
-keep="$NL"
-n=$1; shift
-while [ "$n" -gt 0 ]; do mount --bind "$1" "$1" || exit 97; keep="$keep$1$NL"; shift; n=$((n-1)); done
-n=$1; shift
-while [ "$n" -gt 0 ]; do
-  mount --rbind "$1" "$1" || exit 97
-  mount -o remount,bind,ro "$1" || exit 97
-  shift; n=$((n-1))
-done
-n=$1; shift
-while [ "$n" -gt 0 ]; do
-  mount -t tmpfs -o ro,size=4k,mode=0500 pacevolve-hidden "$1" || exit 97
-  shift; n=$((n-1))
-done
-for d in /proc/sys /proc/sysrq-trigger /proc/irq /proc/bus /proc/fs; do
-  if [ -e "$d" ]; then mount --bind "$d" "$d" && mount -o remount,bind,ro "$d" || exit 97; fi
-done
-while read -r _ _ _ _ mp _; do
-  mp=$(printf '%b' "$mp")
-  case "$mp" in /proc|/proc/*|/dev|/dev/*) continue ;; esac
-  case "$keep" in *"$NL$mp$NL"*) continue ;; esac
-  mount -o remount,bind,ro "$mp" || exit 97
-done < /proc/self/mountinfo
-exec "$@"
-"""
-
-
 class BuildSeal:
     """Signs and checks BUILT markers with a per-user key (key_dir/KEY_NAME, mode 0600).
 
@@ -222,28 +150,6 @@ def python_dirs() -> list[str]:
     in every later Python process."""
     paths = sysconfig.get_paths()
     return [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
-
-
-def namespace_problem() -> str:
-    """Empty when builder and runner can start in a namespace here; otherwise why not."""
-    if not os.path.isdir("/proc") or shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        return "util-linux unshare/setpriv or /proc missing"
-    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as secret:
-        open(os.path.join(secret, "key"), "w").close()
-        outside = os.path.join(tempfile.gettempdir(), f".pacevolve-ns-probe-{os.getpid()}")
-        probe = Namespace([d], [], [secret]).wrap(
-            ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! touch {outside} 2>/dev/null && "
-                              f"! test -e {secret}/key && test \"$$\" = 1 && "
-                              "test \"$(grep -c : /proc/net/dev)\" = 1"])   # loopback only
-        try:
-            r = subprocess.run(probe, capture_output=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"unshare failed: {e}"
-        if os.path.exists(outside):
-            os.remove(outside)
-        if r.returncode != 0:
-            return f"unshare failed (exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[:120]})"
-    return ""
 
 
 def library_digest(build_dir: str) -> str:

@@ -194,11 +194,11 @@ def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
 
 # ------------------------------------------------------------------------------------------- phases
 
-def throughput(task, sources: list[str], gpus: list[int], cache_dir: str, steady: bool) -> dict:
+def throughput(task, sources: list[str], gpus: list[int], cache_dir: str, steady: bool, **opts) -> dict:
     """K sources submitted at once from K threads. steady=True first runs the same K evaluations untimed,
     so the figure is a long search's rate, not the start-up of a fresh evaluator (its spare runners)."""
     k = len(sources)
-    with evaluate_kernel.Evaluator.for_task(task, gpus=gpus, cache_dir=cache_dir) as ev:
+    with evaluate_kernel.Evaluator.for_task(task, gpus=gpus, cache_dir=cache_dir, **opts) as ev:
         for g in gpus:  # one-time baselines, not part of the per-candidate cost
             ev.baseline_ms(g)
         if steady:
@@ -221,6 +221,8 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=3, help="new candidates evaluated one after another")
     ap.add_argument("--budget-s", type=float, default=450, help="skip phases that would start after this")
     ap.add_argument("--only-throughput", action="store_true", help="skip the single-candidate phases")
+    ap.add_argument("--fork-server", choices=["on", "off"], default="on",
+                    help="builders and runners forked from a process with torch imported, or started by exec")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_eval.py needs a CUDA GPU", file=sys.stderr)
@@ -245,8 +247,10 @@ def main() -> int:
 
     cache = os.path.join(work, "cache")
     t_start = time.perf_counter()
-    ev = evaluate_kernel.Evaluator.for_task(task, gpus=[0], cache_dir=cache)
+    opts = {"fork_server": args.fork_server == "on"}
+    ev = evaluate_kernel.Evaluator.for_task(task, gpus=[0], cache_dir=cache, **opts)
     started_s = time.perf_counter() - t_start
+    add("fork server", ev.fork_server)
     try:
         if not args.only_throughput:
             base = ev.baseline_ms(0)
@@ -327,7 +331,7 @@ def main() -> int:
         if over_budget():
             add(f"throughput, {label}", "skipped: over the time budget")
             continue
-        t = throughput(task, sources, gpus, cache_dir=tp_cache, steady="built" in label)
+        t = throughput(task, sources, gpus, cache_dir=tp_cache, steady="built" in label, **opts)
         per_hour[label] = t["per_hour"]
         add(f"throughput, {label}", f"{t['per_hour']:.0f} candidates/hour ({t['k']} distinct sources "
                                     f"submitted at once, {t['wall_s']:.1f} s wall, {t['ok']}/{t['k']} ok, "

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evaluate_kernel import namespace as eval_namespace
 from evaluate_kernel import sandbox as eval_sandbox
 import evaluate_kernel as ek
 
@@ -58,6 +59,7 @@ class ModelNew(nn.Module):
 # the key can be read, a valid tag. A marker holding only a digest would now vouch for the forged library.
 FORGE = r"""
 import hashlib, hmac, json, os
+from evaluate_kernel import namespace as eval_namespace
 from evaluate_kernel import sandbox as eval_sandbox
 target, key_path, report = TARGET, KEY_PATH, REPORT
 try:
@@ -93,7 +95,7 @@ class ModelNew(nn.Module):
         return torch.relu(torch.mm(x, x.t()))
 '''
 HONEST_PY = CHEAT.replace("builtins.exec(CODE[::-1])  # reversed: this test is about what lies past the screen\n", "")
-NAMESPACE = eval_sandbox.namespace_problem()
+NAMESPACE = eval_namespace.namespace_problem()
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +227,7 @@ def test_the_namespace_hides_the_key_directory(tmp_path):
     keys, cache = tmp_path / "keys", tmp_path / "cache"
     cache.mkdir()
     eval_sandbox.BuildSeal(str(keys))
-    ns = eval_sandbox.Namespace(read_only=[], writable=[str(cache)], hidden=[str(keys)])
+    ns = eval_namespace.Namespace(read_only=[], writable=[str(cache)], hidden=[str(keys)])
     r = subprocess.run(ns.wrap(["/bin/sh", "-c", f"cat {keys}/{eval_sandbox.KEY_NAME}; ls -A {keys}; "
                                                  f"umount {keys} || mount -o remount,rw {keys} || echo kept"]),
                        capture_output=True, timeout=30)

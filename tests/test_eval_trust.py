@@ -307,6 +307,13 @@ PROBE_CODE = """
 import ctypes, json, os, sys
 report = {"pid": os.getpid(), "visible": [int(e) for e in os.listdir("/" + "proc") if e.isdigit()], "writes": {},
           "handles": {}, "locks": {}}
+# No capability; the key's directory empty; a /dev/shm of its own; no socket among the descriptors it was
+# given (a forked worker must not hold the fork server's).
+with open("/" + "proc/self/status") as f:
+    report["caps"] = {k: v.strip() for k, v in (l.split(":", 1) for l in f) if k.startswith("Cap")}
+report["keys"] = os.listdir(KEYDIR) if os.path.isdir(KEYDIR) else ["(gone)"]
+report["shm"] = os.listdir("/dev/shm")
+report["fds"] = [os.readlink(f"/{'proc'}/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/{'proc'}/self/fd/{fd}")]
 for d in TARGETS:
     try:
         with open(os.path.join(d, "pacevolve-probe.pth"), "w") as f:
@@ -389,23 +396,50 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_namespace_confines_builder_and_runner(ev, tmp_path):
-    """In the namespace: the evaluator's code, source, the project it sits in, the home directory and the
+@pytest.fixture(scope="module")
+def ev_exec(tmp_path_factory):
+    """The evaluator of `ev` with its builders and runners started by exec, not by the fork server."""
+    root = tmp_path_factory.mktemp("trust-exec")
+    (root / "mods").mkdir()
+    (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    e = ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
+                     import_dirs=[str(root / "mods")], max_pairs=8, timing_s=1.5, run_timeout_s=60,
+                     fork_server=False)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("start", ["forked", "exec"])
+def test_namespace_confines_builder_and_runner(start, request, tmp_path):
+    """In the namespace, whether the worker was forked by the fork server or started by exec: the evaluator's
+    code, source, the project it sits in, the home directory and the
     Python installation are read-only, also to a file handle opened past the mounts, and so is every other
     file system but the cache (the root one, the temp directory, /sys, the kernel's knobs); no socket
-    connects, not even on loopback; the machine's lock files stay where they are; the evaluator's processes are invisible, and a daemon that leaves the
-    worker's tree dies with it. Evaluations after it still take their turns."""
+    connects, not even on loopback; the machine's lock files stay where they are; the evaluator's processes
+    are invisible, and a daemon that leaves the worker's tree dies with it; no capability is left, the key's
+    directory is empty, /dev/shm is the namespace's own, and the worker holds no socket. Evaluations after it
+    still take their turns."""
+    ev = request.getfixturevalue("ev" if start == "forked" else "ev_exec")
     if ev.isolation != "pid+mount+net namespace":
         pytest.skip(f"no namespace here: {ev.isolation}")
+    if start == "forked" and ev.fork_server != "on":   # a CUDA build of torch starts a thread at import
+        pytest.skip(f"no fork server here: {ev.fork_server}")
+    assert ev.fork_server == ("on" if start == "forked" else "off")
+    shm_marker = f"/dev/shm/pacevolve-test-{os.getpid()}-{time.monotonic_ns()}"
+    open(shm_marker, "w").close()
     import site
     targets = [str(Path(ek.__file__).parent), str(REPO), os.path.expanduser("~"), site.getsitepackages()[0]]
     marker = f"pacevolve-test-escape-{os.getpid()}-{time.monotonic_ns()}"
     report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
     locks = os.path.dirname(eval_common.lock_path("pch.lock"))
     code = (PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
-            .replace("LOCKS", repr(locks)).replace("TMPROOT", repr(tempfile.gettempdir())))
+            .replace("LOCKS", repr(locks)).replace("TMPROOT", repr(tempfile.gettempdir()))
+            .replace("KEYDIR", repr(eval_sandbox.default_key_dir())))
     src = PROBE.replace("CODE", repr(code[::-1]))
-    r = ev.evaluate(src)
+    try:
+        r = ev.evaluate(src)
+    finally:
+        os.remove(shm_marker)
     time.sleep(0.5)
     left = _alive_with(marker)
     for pid in left:
@@ -426,6 +460,9 @@ def test_namespace_confines_builder_and_runner(ev, tmp_path):
         assert all(rep["read_only"].values()) and rep["cache_writable"], rep["read_only"]
         assert rep["network"] != "connected", rep["network"]
         assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
+        assert rep["caps"] and all(int(v, 16) == 0 for v in rep["caps"].values()), rep["caps"]
+        assert rep["keys"] == [] and os.path.basename(shm_marker) not in rep["shm"], rep
+        assert not [f for f in rep["fds"] if f.startswith("socket:")], rep["fds"]
     assert not left, f"escaped daemons survived: {left}"
     assert r.details.get("isolation") == "pid+mount+net namespace" or r.status != "ok"
     assert all(os.path.isfile(os.path.join(locks, n)) for n in os.listdir(locks) if ".not-a-lock-" not in n)

@@ -1,0 +1,206 @@
+"""Parent side and leaf: the namespace a builder or runner (the processes that run candidate code) lives in.
+
+One policy, entered two ways: `Namespace.wrap` (an argv: util-linux unshare makes the PID, mount and network
+namespaces, then this module's `enter` runs as their first process and execs the worker) and the fork
+server (forkserver.py: the same namespaces made by the unshare system call, then `enter`, in a process
+forked from one that has already imported torch). What `enter` guarantees, or the process exits with 97
+before any worker code runs (a worker never runs with less protection than the Evaluator reported):
+
+* every file system is read-only, but the `writable` directories (the cache), /dev (the GPU's nodes),
+  a /dev/shm of the namespace's own (a fresh tmpfs) and the namespace's own /proc, where the kernel's knobs (/proc/sys,
+  sysrq-trigger, irq, bus, fs) are read-only too: a root process could otherwise write /etc/ld.so.preload,
+  a git hook, a sysctl;
+* the `hidden` directories (the build-marker key's) are covered by an empty read-only tmpfs, last, so
+  they stay hidden inside a read-only or writable one;
+* no capability is left, and the bounding set is empty: the candidate is root without privileges, so it
+  cannot remount, umount (no way under the tmpfs that hides the key), reach an inode past a mount by a
+  file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules;
+* the process is the first of a new PID namespace (everything it starts dies with it, and it cannot see
+  or signal the evaluator or the reference worker) with a network namespace whose loopback is down and
+  cannot be brought up: no socket reaches anything, not even this machine (a thousand loopback TCP
+  connections with a pacing rate keep a kernel timer each firing on the runner's core while it is
+  stopped and the reference is timed there: 1.8x over the twin on a small CPU softmax).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+ABORT = 97  # the exit code of a worker whose namespace could not be set up
+
+# `python -I -B -c ENTER CODE_DIR SPEC ARGV...`: the namespace's first process under unshare.
+ENTER = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel.namespace import enter_and_exec; "
+         "enter_and_exec(sys.argv[2], sys.argv[3:])")
+
+
+@dataclass
+class Namespace:
+    """`read_only` directories are bind-mounted read-only (recursively, so a writable directory bound inside
+    one first stays writable); `hidden` directories are covered by an empty read-only tmpfs."""
+    read_only: list[str]
+    writable: list[str]
+    hidden: list[str] = field(default_factory=list)
+
+    def spec(self) -> dict:
+        """What enter() needs, as plain data (it travels as JSON to the namespace's first process)."""
+        hidden = list(dict.fromkeys(self.hidden))
+        for d in hidden:  # made if gone: a key created there later must not be visible to this worker
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        return {"writable": [d for d in self.writable if os.path.isdir(d)],
+                "read_only": [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)], "hidden": hidden}
+
+    def wrap(self, argv: list[str], code_dir: str | None = None) -> list[str]:
+        """argv, run as the first process of fresh namespaces under this policy. --kill-child: if unshare
+        itself is killed, the namespace's first process gets SIGKILL, and with it every process in it."""
+        code_dir = code_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--",
+                sys.executable, "-I", "-B", "-c", ENTER, code_dir, json.dumps(self.spec()), *argv]
+
+
+def enter_and_exec(spec_json: str, argv: list[str]) -> None:
+    """The first process under unshare: the policy, then the worker's program."""
+    try:
+        enter(json.loads(spec_json))
+    except OSError as e:
+        print(f"namespace set-up failed: {e}", file=sys.stderr, flush=True)
+        os._exit(ABORT)
+    os.execvp(argv[0], argv)
+
+
+def unshare_now() -> None:
+    """(Fork server) New PID, mount and network namespaces for this process's next child (the PID
+    namespace's first process), with mount events kept from the evaluator's namespace, as unshare(1) does."""
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+
+
+def mount_proc() -> None:
+    """(Fork server, in the PID namespace's first process) mount propagation private, and a /proc of the
+    new PID namespace, as unshare --mount-proc does."""
+    _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NOEXEC | _MS_NODEV)
+
+
+def enter(spec: dict) -> None:
+    """The mounts of the policy, then every capability dropped. Raises OSError if any step fails."""
+    keep = set()
+    for d in spec["writable"]:
+        _mount(d, d, None, _MS_BIND)
+        keep.add(d)
+    for d in spec["read_only"]:
+        _mount(d, d, None, _MS_BIND | _MS_REC)
+        _read_only(d)
+    for d in spec["hidden"]:
+        _mount("pacevolve-hidden", d, "tmpfs", _MS_RDONLY, "size=4k,mode=0500")
+    if os.path.isdir("/dev/shm"):   # POSIX shared memory of the namespace's own: nothing left for the next worker
+        _mount("pacevolve-shm", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    for d in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"):
+        if os.path.exists(d):
+            _mount(d, d, None, _MS_BIND)
+            _read_only(d)
+    for mp in _mount_points():
+        if mp in keep or mp in ("/proc", "/dev") or mp.startswith(("/proc/", "/dev/")):
+            continue
+        _read_only(mp)
+    _drop_capabilities()
+
+
+def namespace_problem() -> str:
+    """Empty when builder and runner can start in a namespace here; otherwise why not."""
+    if not os.path.isdir("/proc") or shutil.which("unshare") is None:
+        return "util-linux unshare or /proc missing"
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as secret:
+        open(os.path.join(secret, "key"), "w").close()
+        outside = os.path.join(tempfile.gettempdir(), f".pacevolve-ns-probe-{os.getpid()}")
+        probe = Namespace([d], [], [secret]).wrap(
+            ["/bin/sh", "-c", f"! touch {d}/x 2>/dev/null && ! touch {outside} 2>/dev/null && "
+                              f"! test -e {secret}/key && test \"$$\" = 1 && "
+                              "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status && "
+                              "test \"$(grep -c : /proc/net/dev)\" = 1"])   # loopback only
+        try:
+            r = subprocess.run(probe, capture_output=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unshare failed: {e}"
+        if os.path.exists(outside):
+            os.remove(outside)
+        if r.returncode != 0:
+            return f"unshare failed (exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[:120]})"
+    return ""
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
+# statvfs's flags of a mount, and the mount flags that keep them through a read-only remount (a remount
+# that dropped nosuid, nodev or noexec would loosen the mount it means to tighten).
+_KEPT_FLAGS = [(os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC),
+               (os.ST_NOATIME, _MS_NOATIME), (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME)]
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_CAP_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = [None if s is None else s.encode() for s in (source, target, fstype, data)]
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    if libc.mount(enc[0], enc[1], enc[2], flags, enc[3]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target} (flags {flags:#x}): {os.strerror(err)}")
+
+
+def _read_only(path: str) -> None:
+    kept = 0
+    try:
+        have = os.statvfs(path).f_flag
+        kept = sum(ms for st, ms in _KEPT_FLAGS if have & st)
+    except OSError:
+        pass
+    _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f if len(line.split()) > 4]
+    return list(dict.fromkeys(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in points))
+
+
+def _drop_capabilities() -> None:
+    """Empty bounding set, no ambient capabilities, and none effective, permitted or inheritable (an exec
+    would clear the latter three given the empty bounding set; a forked worker never execs, so they go here)."""
+    libc = _libc()
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"dropping capability {cap} from the bounding set")
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(_CapHeader(_CAP_VERSION_3, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    if any(int(status.get(k, "1").strip(), 16) for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb")):
+        raise OSError(1, "capabilities remain after dropping them")
