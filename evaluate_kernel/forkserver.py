@@ -98,6 +98,8 @@ class ForkServer:
         finally:
             os.close(status_w)
             os.close(stdin_r)
+        if self._ready and self.proc.poll() is not None:   # gone: said, and every later worker starts by exec
+            self._ready, self.problem = False, f"the fork server died (exit {self.proc.returncode})"
         if not isinstance(reply.get("pid"), int):
             os.close(status_r)
             os.close(stdin_w)

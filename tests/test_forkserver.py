@@ -115,7 +115,8 @@ def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
 @needs_namespace
 def test_the_parent_handle_reports_pid_exit_code_and_kill(tmp_path):
     """A forked worker's pid is reported once it runs; closing its stdin ends it with code 0 (worker.main's
-    answer to no work); a kill ends it with -SIGKILL, and its whole namespace with it."""
+    answer to no work); a kill ends it with -SIGKILL, and its whole namespace with it. A server that died
+    refuses further work and says so."""
     code_dir = str(Path(ek.__file__).resolve().parent.parent)
     env = ek.scrubbed_env(OMP_NUM_THREADS="1")
     server = ForkServer(env, code_dir, str(tmp_path / "forks.log"), preexec=_preexec(True, None))
@@ -149,6 +150,11 @@ def test_the_parent_handle_reports_pid_exit_code_and_kill(tmp_path):
         assert not os.path.exists(f"/proc/{inner}") or _state(inner) == "Z"
         for _, r in handles:
             os.close(r)
+        server.proc.kill()   # a server that dies later is said to have died, and refuses further work
+        server.proc.wait()
+        with pytest.raises(RuntimeError):
+            server.spawn(env, {}, [code_dir, "--worker", "9"], ns, None)
+        assert server.status.startswith("failed: the fork server died"), server.status
     finally:
         server.close()
 
@@ -177,6 +183,7 @@ def test_a_worker_starts_by_exec_when_the_fork_server_is_gone(tmp_path):
     code_dir = str(Path(ek.__file__).resolve().parent.parent)
     env = ek.scrubbed_env(OMP_NUM_THREADS="1")
     server = ForkServer(env, code_dir, str(tmp_path / "forks.log"), preexec=_preexec(True, None))
+    assert server.status == "starting"
     server.proc.kill()
     server.proc.wait()
     w = Worker(env, str(tmp_path / "worker.log"), warm=True, code_dir=code_dir,
