@@ -281,7 +281,9 @@ def test_nonfinite_scores_are_never_a_best_nor_enter_momentum(bad, tmp_path):
     search = run.Search(cfg, tasks.get("conv_groupnorm_small"), Evaluator(), RuleBasedLLM(PROGRAMS, variants=True),
                         None, rd, baseline_ms=2.0, device="cpu")
     assert search.run() == "all generations done"
-    assert search.evals.evaluator.calls >= 6
+    # Each island evaluated something every generation; two islands proposing the same source share one
+    # evaluation (driver/evaluations.py), so the count may fall below islands x generations.
+    assert search.evals.evaluator.calls >= 3
     assert search.global_best is None
     for island in search.islands:
         assert island.best is None and [p.id for p in island.elites] == [run.REFERENCE]
