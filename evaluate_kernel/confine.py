@@ -49,6 +49,11 @@ _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # cla
 _CLONE_THREAD = 0x00010000
 
 
+# add_key, request_key, keyctl: the kernel's keyrings belong to a user, not a namespace, and every worker
+# is root: a key one candidate adds, the next reads (seventh red team).
+_KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
+
+
 class _Insn(ctypes.Structure):
     _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 
@@ -80,6 +85,20 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
                                                                                     ctypes.byref(prog)) != 0:
         return f"not confined: seccomp failed (errno {ctypes.get_errno()})"
     return ""
+
+
+def refuse_keyrings() -> None:
+    """(The namespace's first process, still privileged.) The keyring calls fail with EPERM for this process
+    and all it starts, builder and runner alike, and so do system calls through another ABI. Raises
+    OSError where the filter cannot be installed."""
+    arch = _ARCH.get(platform.machine())
+    if arch is None:
+        raise OSError(0, f"no seccomp filter written for {platform.machine()}")
+    insns = filter_program(arch[0], _KEYRING_CALLS[platform.machine()], arch[6])
+    prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(arch[1], 1, 0, ctypes.byref(prog)) != 0:   # SECCOMP_SET_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "seccomp (keyrings)")
 
 
 def filter_program(audit: int, blocked, x32: int | None,

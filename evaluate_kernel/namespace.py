@@ -1,25 +1,28 @@
 """Parent side and leaf: the namespace a builder or runner (the processes that run candidate code) lives in.
 
-One policy, entered two ways: `Namespace.wrap` (an argv: util-linux unshare makes the PID, mount and network
-namespaces, then this module's `enter` runs as their first process and execs the worker) and the fork
+One policy, entered two ways: `Namespace.wrap` (an argv: util-linux unshare makes the PID, mount, network
+and IPC namespaces, then this module's `enter` runs as their first process and execs the worker) and the fork
 server (forkserver.py: the same namespaces made by the unshare system call, then `enter`, in a process
 forked from one that has already imported torch). What `enter` guarantees, or the process exits with 97
 before any worker code runs (a worker never runs with less protection than the Evaluator reported):
 
-* every file system is read-only, but the `writable` directories (the cache), /dev (the GPU's nodes),
-  a /dev/shm of the namespace's own (a fresh tmpfs) and the namespace's own /proc, where the kernel's knobs (/proc/sys,
+* every file system is read-only, but the `writable` directories (the cache), a /dev/shm of the
+  namespace's own (a fresh tmpfs) and the namespace's own /proc, where the kernel's knobs (/proc/sys,
   sysrq-trigger, irq, bus, fs) are read-only too: a root process could otherwise write /etc/ld.so.preload,
-  a git hook, a sysctl;
+  a git hook, a sysctl; /dev is the namespace's own too, holding only null, zero, full, random, urandom
+  and the GPU's nodes;
 * the `hidden` directories (the build-marker key's) are covered by an empty read-only tmpfs, last, so
   they stay hidden inside a read-only or writable one;
 * no capability is left, and the bounding set is empty: the candidate is root without privileges, so it
   cannot remount, umount (no way under the tmpfs that hides the key), reach an inode past a mount by a
   file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules;
-* the process is the first of a new PID namespace (everything it starts dies with it, and it cannot see
-  or signal the evaluator or the reference worker) with a network namespace whose loopback is down and
-  cannot be brought up: no socket reaches anything, not even this machine (a thousand loopback TCP
-  connections with a pacing rate keep a kernel timer each firing on the runner's core while it is
-  stopped and the reference is timed there: 1.8x over the twin on a small CPU softmax).
+* no keyring: add_key, request_key and keyctl fail (keyrings belong to the user, not the namespace);
+* the process is the first of a new PID namespace, in a session of its own (everything it starts dies
+  with it, and it cannot see or signal the evaluator, the reference worker or its launcher), with an IPC
+  namespace of its own (no SysV or POSIX message queue or segment outlives it) and a network namespace
+  whose loopback is down and cannot be brought up: no socket reaches anything, not even this machine (a
+  thousand loopback TCP connections with a pacing rate keep a kernel timer each firing on the runner's
+  core while it is stopped and the reference is timed there: 1.8x over the twin on a small CPU softmax).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+
+from . import confine
 
 ABORT = 97  # the exit code of a worker whose namespace could not be set up
 
@@ -60,7 +65,7 @@ class Namespace:
         """argv, run as the first process of fresh namespaces under this policy. --kill-child: if unshare
         itself is killed, the namespace's first process gets SIGKILL, and with it every process in it."""
         code_dir = code_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--",
+        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--net", "--ipc", "--",
                 sys.executable, "-I", "-B", "-c", ENTER, code_dir, json.dumps(self.spec()), *argv]
 
 
@@ -75,10 +80,10 @@ def enter_and_exec(spec_json: str, argv: list[str]) -> None:
 
 
 def unshare_now() -> None:
-    """(Fork server) New PID, mount and network namespaces for this process's next child (the PID
+    """(Fork server) New PID, mount, network and IPC namespaces for this process's next child (the PID
     namespace's first process), with mount events kept from the evaluator's namespace, as unshare(1) does."""
     libc = _libc()
-    if libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET) != 0:
+    if libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
 
 
@@ -90,7 +95,9 @@ def mount_proc() -> None:
 
 
 def enter(spec: dict) -> None:
-    """The mounts of the policy, then every capability dropped. Raises OSError if any step fails."""
+    """A session of its own, the mounts of the policy, no keyring, then every capability dropped. Raises
+    OSError if any step fails."""
+    os.setsid()   # a signal to its process group reaches nothing outside the namespace (its launcher was there)
     keep = set()
     for d in spec["writable"]:
         _mount(d, d, None, _MS_BIND)
@@ -100,8 +107,7 @@ def enter(spec: dict) -> None:
         _read_only(d)
     for d in spec["hidden"]:
         _mount("pacevolve-hidden", d, "tmpfs", _MS_RDONLY, "size=4k,mode=0500")
-    if os.path.isdir("/dev/shm"):   # POSIX shared memory of the namespace's own: nothing left for the next worker
-        _mount("pacevolve-shm", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    _fresh_dev()
     for d in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"):
         if os.path.exists(d):
             _mount(d, d, None, _MS_BIND)
@@ -110,6 +116,7 @@ def enter(spec: dict) -> None:
         if mp in keep or mp in ("/proc", "/dev") or mp.startswith(("/proc/", "/dev/")):
             continue
         _read_only(mp)
+    confine.refuse_keyrings()
     _drop_capabilities()
 
 
@@ -138,7 +145,7 @@ def namespace_problem() -> str:
 
 # ------------------------------------------------------------------------------------------ helpers
 
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET, _CLONE_NEWIPC = 0x00020000, 0x20000000, 0x40000000, 0x08000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
@@ -146,6 +153,7 @@ _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 # that dropped nosuid, nodev or noexec would loosen the mount it means to tighten).
 _KEPT_FLAGS = [(os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC),
                (os.ST_NOATIME, _MS_NOATIME), (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME)]
+_DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _CAP_VERSION_3 = 0x20080522
 
@@ -179,6 +187,32 @@ def _read_only(path: str) -> None:
     except OSError:
         pass
     _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+
+
+def _fresh_dev() -> None:
+    """/dev of the namespace's own, read-only: the host's null, zero, full, random, urandom and GPU nodes
+    (nvidia*) bound in, a fresh tmpfs for /dev/shm, and the fd links. Nothing else of the host's /dev: a
+    root candidate could make or unlink files there (a channel to the next candidate, or /dev/null gone
+    for every later process) and open root-only nodes (/dev/kvm: a virtual CPU's timers need no timer
+    call; /dev/kmsg, /dev/cpu_dma_latency)."""
+    names = [n for n in _DEV_NODES if os.path.exists("/dev/" + n)] + sorted(
+        n for n in os.listdir("/dev") if n.startswith("nvidia"))
+    held = {n: os.open("/dev/" + n, os.O_PATH | os.O_NOFOLLOW) for n in names}
+    _mount("pacevolve-dev", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
+    for name, fd in held.items():
+        path = "/dev/" + name
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.mkdir(path)
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        os.close(fd)
+    os.mkdir("/dev/shm")
+    _mount("pacevolve-shm", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, "/dev/" + name)
+    _mount(None, "/dev", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
 
 
 def _mount_points() -> list[str]:

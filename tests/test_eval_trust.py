@@ -313,6 +313,7 @@ with open("/" + "proc/self/status") as f:
     report["caps"] = {k: v.strip() for k, v in (l.split(":", 1) for l in f) if k.startswith("Cap")}
 report["keys"] = os.listdir(KEYDIR) if os.path.isdir(KEYDIR) else ["(gone)"]
 report["shm"] = os.listdir("/dev/shm")
+report["dev"] = sorted(os.listdir("/dev"))
 report["fds"] = [os.readlink(f"/{'proc'}/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/{'proc'}/self/fd/{fd}")]
 for d in TARGETS:
     try:
@@ -417,7 +418,7 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
     file system but the cache (the root one, the temp directory, /sys, the kernel's knobs); no socket
     connects, not even on loopback; the machine's lock files stay where they are; the evaluator's processes
     are invisible, and a daemon that leaves the worker's tree dies with it; no capability is left, the key's
-    directory is empty, /dev/shm is the namespace's own, and the worker holds no socket. Evaluations after it
+    directory is empty, /dev and /dev/shm are the namespace's own, and the worker holds no socket. Evaluations after it
     still take their turns."""
     ev = request.getfixturevalue("ev" if start == "forked" else "ev_exec")
     if ev.isolation != "pid+mount+net namespace":
@@ -463,6 +464,7 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
         assert rep["caps"] and all(int(v, 16) == 0 for v in rep["caps"].values()), rep["caps"]
         assert rep["keys"] == [] and os.path.basename(shm_marker) not in rep["shm"], rep
         assert not [f for f in rep["fds"] if f.startswith("socket:")], rep["fds"]
+        assert "kvm" not in rep["dev"] and "kmsg" not in rep["dev"] and "null" in rep["dev"], rep["dev"]
     assert not left, f"escaped daemons survived: {left}"
     assert r.details.get("isolation") == "pid+mount+net namespace" or r.status != "ok"
     assert all(os.path.isfile(os.path.join(locks, n)) for n in os.listdir(locks) if ".not-a-lock-" not in n)

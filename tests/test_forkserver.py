@@ -53,6 +53,16 @@ with open("/dev/shm/pacevolve-left-behind", "w") as f:
     f.write("1")
 KEPT = os.open("/dev/null", os.O_RDONLY)   # a descriptor left open (not close-on-exec)
 os.set_inheritable(KEPT, True)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.msgget(0x7ED8, 0o1000 | 0o600)   # a SysV message queue (IPC_CREAT)
+import platform
+ADD_KEY = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+libc.syscall(ADD_KEY, b"user", b"pacevolve-left-behind", b"1", 1, -4)   # into the user's keyring
+try:
+    open("/dev/pacevolve-left-behind", "w").close()
+except OSError:
+    pass
 """
 SEE_CODE = """
 import json, os, signal, sys, threading
@@ -61,7 +71,13 @@ seen = {"env": "PACEVOLVE_LEFT_BEHIND" in os.environ, "module": "pacevolve_left_
         "thread": any(t.name == "pacevolve-left-behind" for t in threading.enumerate()),
         "shm": os.path.exists("/dev/shm/pacevolve-left-behind"),
         "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/proc/self/fd/{fd}")],
-        "pid": os.getpid()}
+        "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "dev": sorted(os.listdir("/dev"))}
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+seen["sysv"] = libc.msgget(0x7ED8, 0) != -1
+import platform
+REQUEST_KEY = {"x86_64": 249, "aarch64": 218}[platform.machine()]
+seen["key"] = libc.syscall(REQUEST_KEY, b"user", b"pacevolve-left-behind", None, -4) > 0
 with open(REPORT + "-" + os.urandom(4).hex(), "w") as f:
     json.dump(seen, f)
 """
@@ -93,8 +109,9 @@ def ev(tmp_path_factory):
 
 @needs_namespace
 def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
-    """Environment, modules, a signal handler, a thread, a file in /dev/shm and an open descriptor, left by
-    one candidate in its builder and runner, are absent from the next candidate's builder and runner."""
+    """Environment, modules, a signal handler, a thread, a file in /dev/shm or /dev, an open descriptor, a
+    SysV message queue and a key in the user's keyring, left (or tried) by one candidate in its builder and
+    runner, are absent from the next candidate's builder and runner, which have sessions of their own."""
     if ev.fork_server != "on":   # a CUDA build of torch starts a thread at import: workers start by exec
         pytest.skip(f"no fork server here: {ev.fork_server}")
     first = ev.evaluate(LEAVE)
@@ -107,7 +124,11 @@ def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
             if n.startswith(os.path.basename(report))]
     assert len(seen) >= 2, seen   # the builder and the runner
     for s in seen:
-        assert not any(s[k] for k in ("env", "module", "handler", "thread", "shm")), s
+        assert not any(s[k] for k in ("env", "module", "handler", "thread", "shm", "sysv", "key")), s
+        assert s["own_session"], s
+        # /dev is the namespace's own: no file the last candidate made, no root-only node of the host's
+        assert set(s["dev"]) <= {"null", "zero", "full", "random", "urandom", "shm", "fd", "stdin", "stdout",
+                                 "stderr"} | {n for n in s["dev"] if n.startswith("nvidia")}, s["dev"]
         assert "/dev/null" not in s["fds"] and not [f for f in s["fds"] if f.startswith("socket:")], s["fds"]
         assert s["pid"] < 100, s   # the first processes of a namespace of their own
 
