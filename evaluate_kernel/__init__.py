@@ -34,8 +34,9 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's
   time lags by up to a scheduler tick). It may hold no timers and at most 64 threads, and it has no
   network (a timer, or a paced socket's, fires on the reference's core while the runner is stopped). In
-  the namespace every file system but the cache and /dev is read-only to it, and it holds no capability
-  (no remount, no file handles).
+  the namespace every file system but the cache and /dev/shm is read-only to it, /dev holds only null,
+  zero, full, random, urandom and the GPU's nodes, and it holds no capability (no remount, no file
+  handles) and no keyring; its IPC namespace and session are its own.
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
   + network namespace where one can be made (code, Python installation read-only; the build-marker key
   hidden; /dev/shm its own), fresh for each candidate, forked from a server that has imported torch;
