@@ -21,8 +21,9 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
 - On the CPU both sides are timed in runners (the reference in one of its own) that run nothing but the
   calls: the reference worker writes a batch's inputs into a shared-memory file the runner holds mapped,
   while it is stopped; the batch's time is the runner's CPU time from being let go to being stopped
-  again; the outputs of calls chosen after that are read from its stopped memory (/proc/PID/mem) and
-  checked by the reference worker, with the inputs it wrote (host_batches.py, readout.py).
+  again; the outputs of calls chosen after that are read from its stopped memory (/proc/PID/mem), into
+  a directory hidden from candidates, and checked by the reference worker, with the inputs it wrote
+  (host_batches.py, readout.py).
 - On a GPU every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step that does
   another's work is charged for it; every timed output is bound to its inputs by a digest (a hash tree)
   sent before the evaluator chooses which outputs to check, and in every batch the chosen ones are
@@ -36,7 +37,7 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   network (a timer, or a paced socket's, fires on the reference's core while the runner is stopped). In
   the namespace every file system but the cache and /dev/shm is read-only to it, /dev holds only null,
   zero, full, random, urandom and the GPU's nodes, and it holds no capability (no remount, no file
-  handles) and no keyring; its IPC namespace and session are its own.
+  handles), no keyring and no further namespace; its IPC namespace and session are its own.
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
   + network namespace where one can be made (code, Python installation read-only; the build-marker key
   hidden; /dev/shm its own), fresh for each candidate, forked from a server that has imported torch;

@@ -49,9 +49,13 @@ _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # cla
 _CLONE_THREAD = 0x00010000
 
 
-# add_key, request_key, keyctl: the kernel's keyrings belong to a user, not a namespace, and every worker
-# is root: a key one candidate adds, the next reads (seventh red team).
-_KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
+# Refused in the namespace (builder and runner): add_key, request_key, keyctl (the kernel's keyrings belong
+# to a user, not a namespace, and every worker is root: a key one candidate added, the next read: seventh
+# red team); unshare and setns (a new user namespace gave the runner every capability in it, and with a
+# network namespace of its own a loopback it could bring up: paced sockets' timers again, eighth red team).
+_NAMESPACE_CALLS = {"x86_64": (248, 249, 250, 272, 308), "aarch64": (217, 218, 219, 97, 268)}
+# ... and clone with any CLONE_NEW* flag (NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET).
+_CLONE_NEW = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
 
 class _Insn(ctypes.Structure):
@@ -87,24 +91,27 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
     return ""
 
 
-def refuse_keyrings() -> None:
-    """(The namespace's first process, still privileged.) The keyring calls fail with EPERM for this process
-    and all it starts, builder and runner alike, and so do system calls through another ABI. Raises
-    OSError where the filter cannot be installed."""
+def refuse_namespace_calls() -> None:
+    """(The namespace's first process, still privileged.) For this process and all it starts, builder and
+    runner alike: the keyring calls, unshare, setns and a clone that makes any namespace fail with EPERM,
+    clone3 with ENOSYS (its flags lie in memory a filter cannot read; the C library then uses clone), and
+    so does every system call through another ABI. Raises OSError where the filter cannot be installed."""
     arch = _ARCH.get(platform.machine())
     if arch is None:
         raise OSError(0, f"no seccomp filter written for {platform.machine()}")
-    insns = filter_program(arch[0], _KEYRING_CALLS[platform.machine()], arch[6])
+    audit, nr_seccomp, clone, clone3, x32 = arch[0], arch[1], arch[4], arch[5], arch[6]
+    insns = filter_program(audit, _NAMESPACE_CALLS[platform.machine()], x32, (clone, clone3), _CLONE_NEW)
     prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(arch[1], 1, 0, ctypes.byref(prog)) != 0:   # SECCOMP_SET_MODE_FILTER
-        raise OSError(ctypes.get_errno(), "seccomp (keyrings)")
+    if libc.syscall(nr_seccomp, 1, 0, ctypes.byref(prog)) != 0:   # SECCOMP_SET_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "seccomp (namespace calls)")
 
 
-def filter_program(audit: int, blocked, x32: int | None,
-                   clones: tuple[int, int] | None = None) -> list[tuple[int, int, int, int]]:
+def filter_program(audit: int, blocked, x32: int | None, clones: tuple[int, int] | None = None,
+                   clone_refused: int | None = None) -> list[tuple[int, int, int, int]]:
     """The classic-BPF program (code, jt, jf, k): another ABI -> EPERM; x32 numbers -> EPERM; each blocked
-    number -> EPERM; with clones = (clone, clone3): clone3 -> ENOSYS, clone without CLONE_THREAD -> EPERM;
+    number -> EPERM; with clones = (clone, clone3): clone3 -> ENOSYS, and clone -> EPERM when its flags
+    (the first argument) hold any bit of clone_refused, or (clone_refused None) lack CLONE_THREAD;
     anything else is allowed. seccomp_data: nr at offset 0, arch at 4, the first argument's low word at 16."""
     prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, audit), (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
     if x32 is not None:
@@ -113,9 +120,13 @@ def filter_program(audit: int, blocked, x32: int | None,
         prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, _RET_EPERM)]
     if clones is not None:
         clone, clone3 = clones
-        prog += [(_JEQ_K, 0, 1, clone3), (_RET_K, 0, 0, _RET_ENOSYS),
-                 (_JEQ_K, 0, 3, clone), (_LD_W_ABS, 0, 0, 16), (_JSET_K, 1, 0, _CLONE_THREAD),
-                 (_RET_K, 0, 0, _RET_EPERM)]
+        prog += [(_JEQ_K, 0, 1, clone3), (_RET_K, 0, 0, _RET_ENOSYS)]
+        if clone_refused is None:   # a thread, or nothing
+            prog += [(_JEQ_K, 0, 3, clone), (_LD_W_ABS, 0, 0, 16), (_JSET_K, 1, 0, _CLONE_THREAD),
+                     (_RET_K, 0, 0, _RET_EPERM)]
+        else:                       # anything but a new namespace
+            prog += [(_JEQ_K, 0, 3, clone), (_LD_W_ABS, 0, 0, 16), (_JSET_K, 0, 1, clone_refused),
+                     (_RET_K, 0, 0, _RET_EPERM)]
     return prog + [(_RET_K, 0, 0, _RET_ALLOW)]
 
 

@@ -72,6 +72,7 @@ class Evaluation:
     def run(self) -> EvalResult:
         work = tempfile.mkdtemp(prefix="run-", dir=self.ev.cache_dir)
         self.job["work_dir"] = work
+        self.readout_dir = tempfile.mkdtemp(prefix="run-", dir=self.ev.readout_dir)   # (CPU) ours alone
         t_wait = time.monotonic()
         try:
             with (NullCtx() if self.locked else self.dev.lock), FileLock(self.dev.gpu_lock_path):
@@ -94,6 +95,7 @@ class Evaluation:
                     self.dev.settle_spare(final=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(self.readout_dir, ignore_errors=True)
 
     def _drive(self, prepare: Future | None) -> EvalResult:
         t0 = time.monotonic()
@@ -196,7 +198,7 @@ class Evaluation:
                 # where its outputs lie) are in.
                 chosen = self._choose(c.n, n_next)
                 if host:
-                    path = os.path.join(self.job["work_dir"], f"read-{i}.out")
+                    path = os.path.join(self.readout_dir, f"read-{i}.out")
                     problem = readout.write(path, self.mem, values, chosen)
                     if problem is not None:
                         return _forged(self.details, problem)
@@ -376,7 +378,7 @@ class Evaluation:
     @property
     def _ref_path(self) -> str:
         """(CPU) Where the reference's outputs of the checked calls are read to."""
-        return os.path.join(self.job["work_dir"], "read-reference.out")
+        return os.path.join(self.readout_dir, "read-reference.out")
 
     @property
     def main(self) -> int:

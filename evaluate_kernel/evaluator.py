@@ -82,6 +82,12 @@ class Evaluator:
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
         os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
         self._private = private_root()
+        # (CPU) The files a timing writes for the reference worker (outputs read from a runner's memory): a
+        # directory of ours, hidden in the namespace. In a runner's work directory (the cache) a candidate
+        # linked its outputs' file to the reference's (compared with itself: 28-69x, "ok") or to any path
+        # (written by us, as root), or put a FIFO there (we hung).
+        self.readout_dir = os.path.join(self._private, "readout")
+        os.makedirs(self.readout_dir, mode=0o700)
         self.log_dir = os.path.abspath(log_dir or os.path.join(self._private, "logs"))
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.import_dirs = [os.path.abspath(d) for d in import_dirs]
@@ -101,7 +107,7 @@ class Evaluator:
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
         self._namespace = None if problem else Namespace(read_only=read_only, writable=[self.cache_dir],
-                                                         hidden=[self._key_dir])
+                                                         hidden=[self._key_dir, self.readout_dir])
         # Build markers are signed only where candidates cannot read the key; elsewhere the key is deleted
         # (this Evaluator's candidates could read or plant it) and only this Evaluator's own builds count.
         self._seal = None if problem else BuildSeal(self._key_dir)

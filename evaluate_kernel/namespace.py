@@ -16,7 +16,9 @@ before any worker code runs (a worker never runs with less protection than the E
 * no capability is left, and the bounding set is empty: the candidate is root without privileges, so it
   cannot remount, umount (no way under the tmpfs that hides the key), reach an inode past a mount by a
   file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules;
-* no keyring: add_key, request_key and keyctl fail (keyrings belong to the user, not the namespace);
+* no keyring and no further namespace: add_key, request_key, keyctl, unshare, setns and a clone that
+  makes a namespace fail (keyrings belong to the user, not the namespace; a user namespace of its own
+  would give the candidate capabilities there, and a network namespace a loopback it could bring up);
 * the process is the first of a new PID namespace, in a session of its own (everything it starts dies
   with it, and it cannot see or signal the evaluator, the reference worker or its launcher), with an IPC
   namespace of its own (no SysV or POSIX message queue or segment outlives it) and a network namespace
@@ -116,7 +118,7 @@ def enter(spec: dict) -> None:
         if mp in keep or mp in ("/proc", "/dev") or mp.startswith(("/proc/", "/dev/")):
             continue
         _read_only(mp)
-    confine.refuse_keyrings()
+    confine.refuse_namespace_calls()
     _drop_capabilities()
 
 

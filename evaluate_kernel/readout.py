@@ -123,7 +123,9 @@ def write(path: str, mem: Memory, c: Claim, calls: list[int]) -> str | None:
             blobs.append(data)
             rows.append([dtype, list(shape), list(stride), len(data)])
         header["calls"][str(i)] = rows
-    with open(path, "wb") as f:
+    # A fresh plain file, never through a link or into a FIFO (the directory is ours; this holds anyway).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(json.dumps(header).encode() + b"\n")
         for b in blobs:
             f.write(b)
@@ -132,8 +134,13 @@ def write(path: str, mem: Memory, c: Claim, calls: list[int]) -> str | None:
 
 def load(path: str) -> dict[int, list]:
     """(Reference worker.) The file write() made: call -> its outputs as tensors."""
+    import stat
+
     import torch
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{os.path.basename(path)} is not a plain file")
         header = json.loads(f.readline())
         out: dict[int, list] = {}
         for key, rows in header["calls"].items():

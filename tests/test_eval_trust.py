@@ -356,6 +356,9 @@ for name in os.listdir(LOCKS):
         report["locks"][name] = "replaced"
     except OSError as e:
         report["locks"][name] = type(e).__name__
+# No namespace of its own: a user namespace would give it every capability there (and with a network
+# namespace, a loopback it could bring up).
+report["unshare"] = libc.unshare(0x10000000 | 0x40000000)
 # No network, not even loopback: a paced TCP socket keeps a kernel timer firing on the core that wrote
 # to it, the reference's core while the runner is stopped.
 import socket
@@ -465,10 +468,68 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
         assert rep["keys"] == [] and os.path.basename(shm_marker) not in rep["shm"], rep
         assert not [f for f in rep["fds"] if f.startswith("socket:")], rep["fds"]
         assert "kvm" not in rep["dev"] and "kmsg" not in rep["dev"] and "null" in rep["dev"], rep["dev"]
+        assert rep["unshare"] == -1, rep
     assert not left, f"escaped daemons survived: {left}"
     assert r.details.get("isolation") == "pid+mount+net namespace" or r.status != "ok"
     assert all(os.path.isfile(os.path.join(locks, n)) for n in os.listdir(locks) if ".not-a-lock-" not in n)
     assert ev.evaluate(HONEST).status == "ok"
+
+
+PLANT = """
+import os, sys
+f, d = sys._getframe(1), None
+while f is not None and d is None:
+    job = f.f_locals.get("job")
+    d = job.get("work_dir") if isinstance(job, dict) else None
+    f = f.f_back
+for i in range(100):
+    try:
+        os.symlink(os.path.join(TARGET, "escaped-%d" % i), os.path.join(d, "read-%d.out" % i))
+    except (OSError, TypeError):
+        pass
+try:
+    os.mkfifo(os.path.join(d, "read-reference.out"))
+except (OSError, TypeError):
+    pass
+"""
+LINKS = '''import builtins
+import torch
+import torch.nn as nn
+from pacevolve_helper import fused_tail
+
+
+class ModelNew(nn.Module):
+    planted = False
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        if not ModelNew.planted:
+            ModelNew.planted = True
+            builtins.exec(CODE[::-1])
+        return fused_tail(torch.mm(x, x.t()))
+'''
+
+
+def test_links_and_fifos_in_the_work_directory_reach_nothing(ev, tmp_path):
+    """The runner's work directory is the candidate's to write: links there named as the files the parent
+    writes for the reference worker lead nowhere (the parent writes them in a directory of its own; once a
+    link there let a candidate have the parent, as root, write its bytes anywhere), and a FIFO there hangs
+    nothing."""
+    import threading
+    target = tmp_path / "outside"
+    target.mkdir()
+    code = PLANT.replace("TARGET", repr(str(target)))
+    box: dict = {}
+    # In a thread of its own: the parent once blocked for good opening such a FIFO; fail, never hang.
+    t = threading.Thread(target=lambda: box.update(r=ev.evaluate(LINKS.replace("CODE", repr(code[::-1])))),
+                         daemon=True)
+    t.start()
+    t.join(180)
+    assert "r" in box, "the evaluation hung on the candidate's FIFO"
+    assert box["r"].status == "ok", box["r"].message
+    assert list(target.iterdir()) == []
 
 
 def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
