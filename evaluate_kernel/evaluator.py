@@ -35,7 +35,7 @@ from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
 from .protocol import Worker, _preexec
 from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, library_digest, private_root,
-                      python_dirs)
+                      python_dirs, read_plain, write_under)
 from .screen import screen
 
 
@@ -455,9 +455,10 @@ class Evaluator:
                 # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says
                 # (another Evaluator built it again meanwhile: its libraries' bytes differ, its seal holds).
                 made = self._built.get(h, "")
-                signed = self._seal.opened(h, _read_text(marker)) if self._seal else ""
+                signed = self._seal.opened(h, (read_plain(marker, 1 << 16) or b"").decode(errors="replace")) \
+                    if self._seal else ""
                 trusted = made or signed
-                if trusted and library_digest(os.path.dirname(marker)) in (made, signed):
+                if trusted and self._library_digest(h) in (made, signed):
                     details["compile_s"] = 0.0
                     details["build_cached"] = True
                     return None
@@ -516,10 +517,23 @@ class Evaluator:
                 details["build_note"] = str(msg["deferred_error"])[:2000]
             # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
             # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
-            self._built[h] = library_digest(os.path.dirname(marker))
-            with open(marker, "w") as f:
-                f.write(self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n")
+            self._built[h] = self._library_digest(h)
+            text = self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n"
+            try:   # the cache is the candidates' to write: never through what they left there
+                write_under(self.cache_dir, ["ext", h[:16]], "BUILT", text.encode())
+            except OSError:
+                pass   # no marker: later Evaluators build it again; this one trusts its digest in memory
             return None
+
+    def _library_digest(self, h: str) -> str:
+        """The digest of a build's directory, if it is still the directory of ours it was: cache/ext and the
+        build's directory under it may have been replaced by links (the cache is the candidates' to
+        write), and a walk through a link to / would hash the machine."""
+        ext = os.path.join(self.cache_dir, "ext")
+        build_dir = os.path.join(ext, h[:16])
+        if os.path.islink(ext) or os.path.islink(build_dir) or not os.path.isdir(build_dir):
+            return "not the build's directory"
+        return library_digest(build_dir)
 
     def _baseline(self, dev: Device) -> dict:
         with self._state_lock:
@@ -616,10 +630,3 @@ def _remove_tree(root: str, keep: str) -> None:
         return
     shutil.rmtree(root, ignore_errors=True)
 
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""

@@ -14,6 +14,8 @@
   builder and runner start inside new PID, mount and network namespaces, with every file system read-only
   but the cache, the key's directory hidden, and no capability. Without a namespace, the process sweep
   and the hash checks above are all there is (namespace_problem() says why).
+* read_plain / write_under: how the evaluator (root, outside the namespace) reads and writes in the cache,
+  which candidates can write: plain files only, never through a link, never blocking on a FIFO.
 * BuildSeal: a build's BUILT marker (in the writable cache) carries an HMAC-SHA256 over (source hash,
   library digest) under a per-user key kept outside the cache, in a directory the namespace hides. A
   later Evaluator trusts a cached build only if the marker's tag is right and the libraries still have
@@ -171,9 +173,43 @@ def library_digest(build_dir: str) -> str:
             if os.path.islink(path):
                 content = b"link:" + os.readlink(path).encode()
             else:
-                content = _digest(path) or b"missing"
+                data = read_plain(path)   # a FIFO or device put there is no file of a build: never opened
+                content = b"missing" if data is None else hashlib.sha256(data).digest()
             h.update(rel.encode() + b"\0" + content + b"\0")
     return h.hexdigest()
+
+
+def read_plain(path: str, limit: int = -1) -> bytes | None:
+    """A file's bytes (at most limit), read from a directory candidates can write: only a plain file, never
+    through a link at its last step, never blocking (a FIFO put in its place once hung the evaluator)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit)
+
+
+def write_under(top: str, parts: list[str], name: str, data: bytes) -> None:
+    """data as top/parts.../name, where top's parent is beyond candidates but what lies under top is not:
+    every directory below top opened without following a link, the data written to a fresh file that
+    then replaces name. A link, FIFO or file a candidate put at name is replaced, never written through
+    (the evaluator runs as root: a link to /etc/ld.so.preload would have been truncated). Raises OSError."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        tmp = f"{name}.{secrets.token_hex(6)}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        with os.fdopen(out, "wb") as f:
+            f.write(data)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 _PARENT_FILES = {"BUILT", "build.log"}

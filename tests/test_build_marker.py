@@ -196,6 +196,63 @@ def test_the_digest_covers_what_ninja_would_relink_from(tmp_path):
     assert eval_sandbox.library_digest(str(tmp_path)) != before
 
 
+def test_files_the_parent_reads_or_writes_in_the_cache_are_never_reached_through_links_or_fifos(tmp_path):
+    """The cache is the candidates' to write, and the evaluator runs as root: a marker is written to a fresh
+    file that replaces whatever stands at its name (a link to a file elsewhere stays unwritten, a FIFO
+    hangs nothing), through directories opened without following links; files are read only when plain
+    (a FIFO in a build reads as missing, at once)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    build = tmp_path / "top" / "ext" / "abc"
+    build.mkdir(parents=True)
+    (build / "BUILT").symlink_to(victim)
+    eval_sandbox.write_under(str(tmp_path / "top"), ["ext", "abc"], "BUILT", b"marker")
+    assert victim.read_text() == "precious" and (build / "BUILT").read_text() == "marker"
+    assert not (build / "BUILT").is_symlink()
+    os.remove(build / "BUILT")
+    os.mkfifo(build / "BUILT")
+    eval_sandbox.write_under(str(tmp_path / "top"), ["ext", "abc"], "BUILT", b"again")
+    assert (build / "BUILT").read_text() == "again"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(tmp_path / "top" / "ext", tmp_path / "ext-moved")
+    (tmp_path / "top" / "ext").symlink_to(elsewhere)
+    (elsewhere / "abc").mkdir()
+    with pytest.raises(OSError):
+        eval_sandbox.write_under(str(tmp_path / "top"), ["ext", "abc"], "BUILT", b"through a link")
+    assert list((elsewhere / "abc").iterdir()) == []
+    os.mkfifo(build.parent.parent.parent / "ext-moved" / "abc" / "fifo.o")
+    assert eval_sandbox.read_plain(str(tmp_path / "ext-moved" / "abc" / "fifo.o")) is None
+    assert eval_sandbox.read_plain(str(victim)) == b"precious"
+    (tmp_path / "link").symlink_to(victim)
+    assert eval_sandbox.read_plain(str(tmp_path / "link")) is None
+    eval_sandbox.library_digest(str(tmp_path / "ext-moved"))   # returns: the FIFO is not opened
+
+
+PLANT_MARKER = """
+import os
+d = os.environ["TORCH_EXTENSIONS_DIR"]
+os.makedirs(d, exist_ok=True)
+try:
+    os.remove(os.path.join(d, "BUILT"))
+except OSError:
+    pass
+os.symlink(VICTIM, os.path.join(d, "BUILT"))
+"""
+
+
+def test_a_candidate_cannot_have_its_marker_written_through_a_link(tmp_path):
+    """A candidate's builder puts a link to a file outside the namespace's reach where its build's marker
+    goes: the evaluator (root) leaves that file as it was."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    code = PLANT_MARKER.replace("VICTIM", repr(str(victim)))
+    with _evaluator(tmp_path / "root") as ev:
+        r = ev.evaluate(CHEAT.replace("CODE", repr(code[::-1])))
+    assert r.correct, r.message
+    assert victim.read_text() == "precious"
+
+
 # ------------------------------------------------------------------------------------------ the seal
 @settings(max_examples=30, deadline=None)
 @given(st.text("0123456789abcdef", min_size=1, max_size=64), st.text("0123456789abcdef", min_size=1, max_size=64),
