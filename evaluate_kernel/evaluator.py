@@ -310,10 +310,7 @@ class Evaluator:
         user_site = [d for d in [site.getusersitepackages()] if site.ENABLE_USER_SITE and d in sys.path]
         # Caches that libraries keep under the home directory (read-only to workers in a namespace) go
         # into the evaluator's cache instead: CUDA's JIT cache, Triton's, Inductor's, anything XDG.
-        caches = {name: os.path.join(self.cache_dir, sub) for name, sub in (
-            ("CUDA_CACHE_PATH", "nv"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-            ("XDG_CACHE_HOME", "xdg"), ("TMPDIR", "tmp"))}   # TMPDIR: compilers' scratch files (/tmp is read-only)
-        os.makedirs(caches["TMPDIR"], exist_ok=True)
+        caches = _caches(self.cache_dir)
         return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
                             PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
                             **malloc, **caches, **extra)
@@ -406,7 +403,10 @@ class Evaluator:
         return -(-((self.opts.batch_bytes or (512 << 20)) + MAX_SHIFT + ALIGN) // 4096) * 4096   # whole pages
 
     def spawn_ref(self, env: dict[str, str], log_path: str) -> Worker:
-        """A reference worker (outside any namespace: it never runs candidate code), from the spawner."""
+        """A reference worker (outside any namespace: it never runs candidate code), from the spawner. Its
+        caches and scratch files are ours alone: it runs as root, and in the shared cache a CUDA JIT or
+        temporary file could be written through a link a candidate left there."""
+        env = dict(env, **_caches(os.path.join(self._private, "caches")))
         try:
             return self._spawner.submit(self.new_worker, env, log_path).result()
         except RuntimeError:  # the spawner is shut down: closing
@@ -609,6 +609,16 @@ def _cpu_list(text: str) -> set[int]:
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+def _caches(root: str) -> dict[str, str]:
+    """Caches that libraries keep under the home directory, and compilers' scratch files (TMPDIR: /tmp is
+    read-only in the namespace), under root."""
+    caches = {name: os.path.join(root, sub) for name, sub in (
+        ("CUDA_CACHE_PATH", "nv"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("XDG_CACHE_HOME", "xdg"), ("TMPDIR", "tmp"))}
+    os.makedirs(caches["TMPDIR"], mode=0o700, exist_ok=True)
+    return caches
 
 
 def default_cache_dir() -> str:
