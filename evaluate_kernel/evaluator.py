@@ -28,14 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
-from .common import EvalResult, EvaluatorError, Options, _move, lock_path, open_lock, scrubbed_env, source_hash
+from .common import EvalResult, EvaluatorError, Options, lock_path, open_lock, scrubbed_env, source_hash
 from .device import Device, _cuda_count
 from .forkserver import ForkServer
 from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
 from .protocol import Worker, _preexec
 from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, library_digest, private_root,
-                      python_dirs, read_plain, write_under)
+                      own_dir, python_dirs, read_plain, write_under)
 from .screen import screen
 
 
@@ -446,7 +446,7 @@ class Evaluator:
         marker = os.path.join(self.cache_dir, "ext", h[:16], "BUILT")
         with self._state_lock:
             lock = self._build_locks.setdefault(h, threading.Lock())
-        os.makedirs(os.path.join(self.cache_dir, "ext"), exist_ok=True)
+        own_dir(os.path.join(self.cache_dir, "ext"))
         # Identical sources build once, even when submitted concurrently: to this Evaluator (the thread lock)
         # or to others sharing the cache, in this process or another (the file lock beside the build).
         with lock, open_lock(os.path.join(self.cache_dir, "ext", h[:16] + ".lock"), create=True) as held:
@@ -492,8 +492,8 @@ class Evaluator:
                     if strays:
                         details["stray_processes_killed"] = strays
                     details["build_wall_s"] = round(time.monotonic() - t0, 3)
-                    _move(w.log_path, os.path.join(os.path.dirname(marker), "build.log"))
-                    w.log_path = os.path.join(os.path.dirname(marker), "build.log")
+                    # The build's log stays in our log directory: moved into the cache, it went through a
+                    # link the candidate put there (root wrote its text anywhere) or was read through one.
             bad = self._tamper_verdict(tampered, None, details)
             if bad is not None:
                 return bad
@@ -617,7 +617,7 @@ def _caches(root: str) -> dict[str, str]:
     caches = {name: os.path.join(root, sub) for name, sub in (
         ("CUDA_CACHE_PATH", "nv"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
         ("XDG_CACHE_HOME", "xdg"), ("TMPDIR", "tmp"))}
-    os.makedirs(caches["TMPDIR"], mode=0o700, exist_ok=True)
+    own_dir(caches["TMPDIR"])
     return caches
 
 

@@ -171,8 +171,12 @@ def _read_output(mem: Memory, address: int, span: int, size: int, shape: list[in
     rows = []
     for index in _outer_indices(shape[:-1]):
         start = address + sum(i * st for i, st in zip(index, stride)) * size
-        row = mem.read(start, ((inner - 1) * step + 1) * size)
-        rows.append(row if step == 1 else b"".join(row[j * step * size:(j * step + 1) * size] for j in range(inner)))
+        if (inner - 1) * step + 1 <= DENSE * inner:
+            row = mem.read(start, ((inner - 1) * step + 1) * size)
+            rows.append(row if step == 1 else b"".join(row[j * step * size:(j * step + 1) * size] for j in range(inner)))
+        else:   # sparse within a row too: element by element, never the gaps (a claimed stride of 2^31
+            # elements over an empty mapping had us read gigabytes per row)
+            rows.append(b"".join(mem.read(start + j * step * size, size) for j in range(inner)))
     contiguous = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
         contiguous[d] = contiguous[d + 1] * shape[d + 1]

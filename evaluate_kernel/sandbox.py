@@ -159,7 +159,7 @@ def library_digest(build_dir: str) -> str:
 
     Not only the libraries: a runner whose call stamp no longer matches asks ninja, which relinks an
     unchanged library from a replaced object file whose mtime was set back. Left out are the parent's own
-    files (BUILT, build.log) and what can only make ninja rebuild from the covered files (its logs, the
+    files (BUILT, and build.log of older versions) and what can only make ninja rebuild from the covered files (its logs, the
     lock); a symbolic link counts as its target's name, never followed.
     """
     h = hashlib.sha256()
@@ -173,8 +173,7 @@ def library_digest(build_dir: str) -> str:
             if os.path.islink(path):
                 content = b"link:" + os.readlink(path).encode()
             else:
-                data = read_plain(path)   # a FIFO or device put there is no file of a build: never opened
-                content = b"missing" if data is None else hashlib.sha256(data).digest()
+                content = digest_plain(path) or b"missing"   # a FIFO or device there is no file of a build
             h.update(rel.encode() + b"\0" + content + b"\0")
     return h.hexdigest()
 
@@ -190,6 +189,33 @@ def read_plain(path: str, limit: int = -1) -> bytes | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         return f.read(limit)
+
+
+def digest_plain(path: str, max_bytes: int = 1 << 30) -> bytes | None:
+    """sha256 of a plain file read as read_plain does, in pieces; a file over max_bytes (a 64 GiB sparse
+    file left in a build filled the evaluator's memory) digests as its size alone, never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_size > max_bytes:
+            return b"too large: %d" % st.st_size
+        h = hashlib.sha256()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+        return h.digest()
+
+
+def own_dir(path: str) -> None:
+    """A directory at path, made if missing; a file, link or FIFO a candidate put in its place is set aside
+    first (a plain file at cache/ext made every later evaluation raise)."""
+    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
+        os.replace(path, f"{path}.not-a-directory-{secrets.token_hex(4)}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
 
 
 def write_under(top: str, parts: list[str], name: str, data: bytes) -> None:

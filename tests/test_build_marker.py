@@ -6,6 +6,7 @@ One C++ candidate is built twice (~10-30 s each on 2 cores); the others are pure
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -229,28 +230,68 @@ def test_files_the_parent_reads_or_writes_in_the_cache_are_never_reached_through
     eval_sandbox.library_digest(str(tmp_path / "ext-moved"))   # returns: the FIFO is not opened
 
 
+def test_the_cache_s_own_directories_and_large_files(tmp_path):
+    """A file or link where the cache's own directories go is set aside and the directory made; a file
+    larger than the digest's cap digests as its size, unread."""
+    (tmp_path / "ext").write_text("not a directory")
+    eval_sandbox.own_dir(str(tmp_path / "ext"))
+    assert (tmp_path / "ext").is_dir() and any(p.name.startswith("ext.not-a-directory-") for p in tmp_path.iterdir())
+    (tmp_path / "tmp").symlink_to(tmp_path / "elsewhere")
+    eval_sandbox.own_dir(str(tmp_path / "tmp"))
+    assert (tmp_path / "tmp").is_dir() and not (tmp_path / "tmp").is_symlink()
+    (tmp_path / "big.o").write_bytes(b"x" * 2048)
+    assert eval_sandbox.digest_plain(str(tmp_path / "big.o"), max_bytes=1024) == b"too large: 2048"
+    assert eval_sandbox.digest_plain(str(tmp_path / "big.o")) == hashlib.sha256(b"x" * 2048).digest()
+
+
+SPOIL_EXT = """
+import os
+ext = os.path.dirname(os.environ["TORCH_EXTENSIONS_DIR"])
+os.rename(ext, ext + ".gone")
+with open(ext, "w") as f:
+    f.write("not a directory")
+"""
+
+
+def test_a_file_in_place_of_the_builds_directory_stops_no_later_evaluation(tmp_path):
+    """A candidate replaces cache/ext with a plain file: later evaluations still build and run (it made
+    every later evaluate() raise FileExistsError)."""
+    with _evaluator(tmp_path / "root") as ev:
+        ev.evaluate(CHEAT.replace("CODE", repr(SPOIL_EXT[::-1])))
+        r = ev.evaluate(HONEST_PY)
+    assert r.correct, r.message
+
+
 PLANT_MARKER = """
 import os
 d = os.environ["TORCH_EXTENSIONS_DIR"]
 os.makedirs(d, exist_ok=True)
-try:
-    os.remove(os.path.join(d, "BUILT"))
-except OSError:
-    pass
-os.symlink(VICTIM, os.path.join(d, "BUILT"))
+if not os.path.islink(d):   # in the builder (the runner finds the link below)
+    for name in ("BUILT", "build.log"):
+        try:
+            os.remove(os.path.join(d, name))
+        except OSError:
+            pass
+        os.symlink(VICTIM, os.path.join(d, name))
+    # then the build's whole directory: a link to another one
+    os.rename(d, d + ".moved")
+    os.symlink(VICTIM_DIR, d)
 """
 
 
 def test_a_candidate_cannot_have_its_marker_written_through_a_link(tmp_path):
-    """A candidate's builder puts a link to a file outside the namespace's reach where its build's marker
-    goes: the evaluator (root) leaves that file as it was."""
-    victim = tmp_path / "victim"
+    """A candidate's builder puts links to a file outside the namespace's reach where its build's marker
+    and log go, then a link to a directory there in place of its build's directory: the evaluator (root)
+    writes through none of them (it once moved the build's log, the candidate's text, into that
+    directory)."""
+    victim, victim_dir = tmp_path / "victim", tmp_path / "victims"
     victim.write_text("precious")
-    code = PLANT_MARKER.replace("VICTIM", repr(str(victim)))
+    victim_dir.mkdir()
+    code = PLANT_MARKER.replace("VICTIM_DIR", repr(str(victim_dir))).replace("VICTIM", repr(str(victim)))
     with _evaluator(tmp_path / "root") as ev:
         r = ev.evaluate(CHEAT.replace("CODE", repr(code[::-1])))
     assert r.correct, r.message
-    assert victim.read_text() == "precious"
+    assert victim.read_text() == "precious" and list(victim_dir.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------ the seal

@@ -324,3 +324,24 @@ def test_outputs_are_read_from_the_stopped_process_as_they_were():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_sparse_claimed_stride_is_read_element_by_element():
+    """An output claimed with a huge stride within its rows (over memory that reads as zeros) is read one
+    element at a time, never the gaps: a claimed stride of 2^31 elements had the parent read gigabytes a row."""
+    from evaluate_kernel import readout
+
+    class Zeros:
+        def __init__(self):
+            self.sizes = []
+
+        def read(self, address, nbytes):
+            self.sizes.append(nbytes)
+            return bytes(nbytes)
+
+    mem = Zeros()
+    shape, stride, size = [3, 5], [1 << 33, 1 << 31], 4
+    span = size * (1 + sum((d - 1) * st for d, st in zip(shape, stride)))
+    data, strides = readout._read_output(mem, 0, span, size, shape, stride)
+    assert len(data) == 15 * size and strides == [5, 1]
+    assert max(mem.sizes) == size and len(mem.sizes) == 15
