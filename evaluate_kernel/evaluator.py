@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import site
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
