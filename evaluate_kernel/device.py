@@ -213,8 +213,8 @@ class Device:
         ref = self.ref
         if ref is not None and ref.proc.poll() is None:
             try:
-                os.kill(ref.proc.pid, signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
+                os.kill(ref.main_pid(), signal.SIGCONT)
+            except (ProcessLookupError, PermissionError, EOFError):
                 pass
 
     def ref_call(self, req: dict) -> dict:

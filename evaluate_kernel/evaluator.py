@@ -366,7 +366,7 @@ class Evaluator:
         return self.spawn_warm(self.env(CUDA_VISIBLE_DEVICES=""),
                                 os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
 
-    def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False) -> Worker:
+    def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False, forked_ref: bool = False) -> Worker:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
         (builders and runners: they run candidate code) start in the namespace when there is one. Every
         worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
@@ -376,7 +376,7 @@ class Evaluator:
         arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
         return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
                       namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
-                      dies_with_parent=True, arena=arena, forkserver=self._forks if warm else None)
+                      dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None)
 
     def _start_fork_server(self) -> None:
         """(On the spawner thread, first of all.) The fork server, or why there is none (workers then
@@ -406,8 +406,8 @@ class Evaluator:
         caches and scratch files are ours alone: it runs as root, and in the shared cache a CUDA JIT or
         temporary file could be written through a link a candidate left there."""
         env = dict(env, **_caches(os.path.join(self._private, "caches")))
-        try:
-            return self._spawner.submit(self.new_worker, env, log_path).result()
+        try:   # forked too, where the fork server runs (the CPU: the GPU's prober and reference, by exec)
+            return self._spawner.submit(self.new_worker, env, log_path, False, self.device != "cuda").result()
         except RuntimeError:  # the spawner is shut down: closing
             return self.new_worker(env, log_path)
 

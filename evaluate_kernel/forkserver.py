@@ -5,7 +5,7 @@ The fork server is a process of the evaluator's own (like the reference worker, 
 code): started with the workers' environment from the private copy of our code, it imports torch and the
 worker's modules, checks that it has no thread but its own, and then only forks. For each worker:
 
-    server ──fork──> launcher: new session, dies with the server; unshare(PID, mount, network)
+    server ──fork──> launcher: new session, dies with the server; unshare(PID, mount, network, IPC)
                         └──fork──> first process of the new PID namespace: dies with the launcher;
                                    /proc, the mounts and no capability (namespace.enter), the worker's
                                    descriptors, environment and directory, then worker.main()
@@ -20,6 +20,7 @@ unshare(1) does:
 * the launcher reports the worker's pid and, when it ends, its exit status on a pipe only the parent
   reads: the parent's handle (ForkedProc) answers poll, wait and kill like a Popen's.
 
+The reference worker (which never runs candidate code) is forked the same way, without the namespaces.
 Used only where namespaces work (without one, a forked worker could reach the server like any process of
 the same user) and where the server has one thread (with cpu_threads > 1 and more than one core, torch's
 import starts OpenMP's pool, which a fork does not copy; a CUDA build of torch starts a driver thread at
@@ -78,14 +79,17 @@ class ForkServer:
                 self.close()
         return self._ready
 
-    def spawn(self, env: dict[str, str], fds: dict[int, int], argv: list[str], namespace: Namespace,
+    def spawn(self, env: dict[str, str], fds: dict[int, int], argv: list[str], namespace: Namespace | None,
               cpus: list[int] | None) -> "ForkedProc":
-        """A worker running worker.main() with sys.argv[1:] = argv, holding fds (its number -> ours)."""
+        """A worker running worker.main() with sys.argv[1:] = argv, holding fds (its number -> ours), in
+        fresh namespaces under `namespace`'s policy; None only for a reference worker (ours, never running
+        candidate code, outside any namespace)."""
         status_r, status_w = os.pipe()
         stdin_r, stdin_w = os.pipe()
         fds = {**fds, 0: stdin_r}
         order = list(dict.fromkeys(fds.values()))
-        req = {"env": env, "argv": argv, "cwd": os.getcwd(), "cpus": cpus, "namespace": namespace.spec(),
+        req = {"env": env, "argv": argv, "cwd": os.getcwd(), "cpus": cpus,
+               "namespace": namespace.spec() if namespace is not None else None,
                "fds": {str(k): order.index(v) for k, v in fds.items()}}
         try:
             with self._lock:
@@ -247,8 +251,10 @@ def _launch(req: dict, fds: list[int], server: int) -> None:
         except OSError:
             pass
     from . import namespace
+    contained = req["namespace"] is not None   # else the reference worker: ours, outside any namespace
     try:
-        namespace.unshare_now()
+        if contained:
+            namespace.unshare_now()
     except OSError as e:
         os.write(2, f"fork server: unshare failed: {e}\n".encode())
         os._exit(ABORT)
@@ -266,8 +272,9 @@ def _launch(req: dict, fds: list[int], server: int) -> None:
         os.write(sync_w, b"1")
         os.close(sync_w)
         try:
-            namespace.mount_proc()
-            namespace.enter(req["namespace"])
+            if contained:
+                namespace.mount_proc()
+                namespace.enter(req["namespace"])
         except OSError as e:
             os.write(2, f"namespace set-up failed: {e}\n".encode())
             os._exit(ABORT)

@@ -97,7 +97,7 @@ class Worker:
         args = [code_dir, "--worker", str(w)] + (["warm", str(parent)] if warm else [])
         env = dict(env, **{MARK_ENV: self.mark})
         self.proc, self.forked = None, False
-        if forkserver is not None and namespace is not None:  # forked from a process with torch imported
+        if forkserver is not None:  # forked from a process with torch imported
             fds = {w: w, 1: self._log.fileno(), 2: self._log.fileno(), **({arena[0]: arena[0]} if arena else {})}
             try:
                 self.proc, self.forked = forkserver.spawn(env, fds, args, namespace, cpus), True
@@ -121,10 +121,10 @@ class Worker:
         """The worker's Python process (in a namespace, the child of unshare: found once unshare has made
         it and it has left unshare's code, never unshare itself, which must not be stopped or timed in its
         place; a child stopped before it asked to die with unshare would outlive it)."""
-        if self.namespace is None:
-            return self.proc.pid
         if self.forked:   # its launcher reports it
             return self.proc.worker_pid(wait_s)
+        if self.namespace is None:
+            return self.proc.pid
         pid, deadline = self.proc.pid, time.monotonic() + wait_s
         while True:
             try:
