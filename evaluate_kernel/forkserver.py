@@ -49,7 +49,7 @@ class ForkServer:
     spawn(). Thread-safe; `status` is "starting", "on" or "failed: why"; close() ends the server."""
 
     def __init__(self, env: dict[str, str], code_dir: str, log_path: str, preexec, timeout: float = 300.0):
-        self.code_dir, self.timeout = code_dir, timeout
+        self.timeout = timeout
         self._lock = threading.Lock()
         self._ready: bool | None = None
         self.problem = ""

@@ -181,33 +181,40 @@ def library_digest(build_dir: str) -> str:
 def read_plain(path: str, limit: int = -1) -> bytes | None:
     """A file's bytes (at most limit), read from a directory candidates can write: only a plain file, never
     through a link at its last step, never blocking (a FIFO put in its place once hung the evaluator)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    f = _open_plain(path)
+    if f is None:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+    with f:
         return f.read(limit)
 
 
 def digest_plain(path: str, max_bytes: int = 1 << 30) -> bytes | None:
     """sha256 of a plain file read as read_plain does, in pieces; a file over max_bytes (a 64 GiB sparse
     file left in a build filled the evaluator's memory) digests as its size alone, never read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    f = _open_plain(path)
+    if f is None:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        if st.st_size > max_bytes:
-            return b"too large: %d" % st.st_size
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            return b"too large: %d" % size
         h = hashlib.sha256()
         while chunk := f.read(1 << 20):
             h.update(chunk)
         return h.digest()
+
+
+def _open_plain(path: str):
+    """path open for reading if it is a plain file reached without a link at its last step, else None;
+    opened without blocking, so a FIFO or device there is never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
 
 
 def own_dir(path: str) -> None:

@@ -198,13 +198,17 @@ class ModelNew(nn.Module):
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trust")
-    (root / "mods").mkdir()
-    (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
-    e = ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
-                     import_dirs=[str(root / "mods")], max_pairs=8, timing_s=1.5, run_timeout_s=60)
+    e = _trust_evaluator(tmp_path_factory.mktemp("trust"))
     yield e
     e.close()
+
+
+def _trust_evaluator(root: Path, **options) -> ek.Evaluator:
+    """The CPU evaluator of these tests: REF, with HELPER on its import path."""
+    (root / "mods").mkdir()
+    (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    return ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
+                        import_dirs=[str(root / "mods")], max_pairs=8, timing_s=1.5, run_timeout_s=60, **options)
 
 
 def test_import_dirs_reach_every_worker_and_logs_stay_in_log_dir(ev):
@@ -403,12 +407,7 @@ class ModelNew(nn.Module):
 @pytest.fixture(scope="module")
 def ev_exec(tmp_path_factory):
     """The evaluator of `ev` with its builders and runners started by exec, not by the fork server."""
-    root = tmp_path_factory.mktemp("trust-exec")
-    (root / "mods").mkdir()
-    (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
-    e = ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
-                     import_dirs=[str(root / "mods")], max_pairs=8, timing_s=1.5, run_timeout_s=60,
-                     fork_server=False)
+    e = _trust_evaluator(tmp_path_factory.mktemp("trust-exec"), fork_server=False)
     yield e
     e.close()
 
