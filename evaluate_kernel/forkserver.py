@@ -20,11 +20,13 @@ unshare(1) does:
 * the launcher reports the worker's pid and, when it ends, its exit status on a pipe only the parent
   reads: the parent's handle (ForkedProc) answers poll, wait and kill like a Popen's.
 
-The reference worker (which never runs candidate code) is forked the same way, without the namespaces.
-Used only where namespaces work (without one, a forked worker could reach the server like any process of
-the same user) and where the server has one thread (with cpu_threads > 1 and more than one core, torch's
-import starts OpenMP's pool, which a fork does not copy; a CUDA build of torch starts a driver thread at
-import, so GPU machines do not use it): otherwise workers start by exec, as before.
+The reference worker and the GPU's prober (which never run candidate code) are forked the same way,
+without the namespaces. Used only where namespaces work (without one, a forked worker could reach the
+server like any process of the same user) and where the server has one thread (with cpu_threads > 1 and
+more than one core, torch's import starts OpenMP's pool, which a fork does not copy): otherwise workers
+start by exec, as before. The server never touches CUDA: on a CUDA build, importing
+torch.utils.cpp_extension initialises the driver (its thread, cuda00001400006, seen on the H100 and H200
+machines), and a process forked after that cannot use the GPU, so there the workers import it themselves.
 """
 from __future__ import annotations
 
@@ -200,8 +202,9 @@ def serve() -> None:
     sock = socket.socket(fileno=int(sys.argv[2]))
     sys.path += [d for d in os.environ.get("PACEVOLVE_EVAL_PATH", "").split(os.pathsep) if d]
     try:
-        import torch  # noqa: F401
-        import torch.utils.cpp_extension  # noqa: F401
+        import torch
+        if torch.version.cuda is None:   # a CUDA build's initialises the driver: its workers import it
+            import torch.utils.cpp_extension  # noqa: F401
         from . import worker  # noqa: F401
         threads = len(os.listdir("/proc/self/task"))
         if threads != 1:
@@ -310,8 +313,23 @@ def _become_worker(req: dict, fds: list[int]) -> None:
     os.chdir(req["cwd"])
     sys.argv = ["-c"] + req["argv"]
     from .worker import main
-    main()
-    os._exit(0)
+    code = 0
+    try:
+        main()
+    except SystemExit as e:   # as the interpreter would end it: a message goes to stderr, exit code 1
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the traceback belongs in the worker's log, as under exec
+        import traceback
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):   # os._exit flushes nothing
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _die_with_parent(expected_parent: int) -> None:
