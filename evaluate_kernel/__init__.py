@@ -58,11 +58,12 @@ writable to candidates (and, without a namespace, /dev/shm). Not measured: energ
 GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
-conversation with a runner), clock.py (pure: the speedup from the phases), device.py (a device slot:
-reference worker, spares, locks), sandbox.py (private code copy, process sweep, build seal), namespace.py
-(the namespace's policy), forkserver.py (workers forked from a process with torch imported),
-readout.py (a CPU runner's outputs, read from its memory), stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message table, the
-parent's handle on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
+conversation with a runner), verdict.py (what was measured, as an EvalResult), clock.py (pure: the speedup
+from the phases), device.py (a device slot: reference worker, spares, locks), sandbox.py (private code
+copy and roots, process sweep, build seal), namespace.py (the namespace's policy), forkserver.py (workers
+forked from a process with torch imported), readout.py (a CPU runner's outputs, read from its memory),
+stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message table, the parent's handle
+on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
 sides), batches.py (a GPU batch, both sides), inputs.py (inputs, models, output checks), build.py
 (load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py. Leaf: common.py (results, options,
 comparison, digests), screen.py (the static first filter). Copying this folder is enough to vendor it

@@ -36,8 +36,9 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 
-from . import clock, readout
-from .common import _DISTS, _PEAKS, EvalResult, _remove
+from . import clock, readout, verdict
+from .common import _DISTS, EvalResult, _remove
+from .verdict import failure as _failure, forged as _forged
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
 from .stopped import cpu_seconds, stop
@@ -183,9 +184,11 @@ class Evaluation:
             started, f = time.monotonic(), None
             for i in range(opts.max_pairs + 1):
                 seed = secrets.randbits(31)
+                t = time.monotonic()
                 c, values = self._host_cand_batch(seed, n) if host else self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
                     return c
+                self._spent("candidate batch", t, sum(getattr(c, p) for p in clock.PHASES))
                 cands.append(c)
                 if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
                     # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
@@ -206,17 +209,23 @@ class Evaluation:
                     step, base = values.layout["set_bytes"], values.layout["base"]
                     items = [{"key": f"{i}:{j}", "call": j, "inputs": [base + j * step, step]} for j in chosen]
                 else:
+                    t = time.monotonic()
                     path = os.path.join(self.job["work_dir"], f"shipped-{i}.pt")
                     self.w.send({"cmd": "ship", "path": path, "calls": chosen})
                     self._reply("shipped")
+                    t = self._spent("ship", t)
                     bad = self._stop_runner(c)
                     if bad is not None:
                         return bad
+                    t = self._spent("stop", t, c.probe)
                     refs.append(self._ref_batch(seed, n_next, i, {"batch": i, "calls": chosen}))
+                    self._spent("reference batch", t, sum(getattr(refs[-1], p) for p in clock.PHASES))
                     items = [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen]
+                t = time.monotonic()
                 bad = self._check(path, items, checks)
                 if bad is not None:
                     return bad
+                self._spent("check", t)
                 n = n_next
                 f = clock.figures(refs, cands)
                 out_of_time = time.monotonic() - started > budget_s and f is not None   # one pair counts, always
@@ -454,21 +463,7 @@ class Evaluation:
         return None
 
     def _verdict(self, timed: dict) -> EvalResult:
-        f: clock.Figures | None = timed["figures"]
-        self.details["timing"] = _timing_details(timed, self.ev.device)
-        if f is None:
-            return EvalResult("rejected", message="rejected: no timed batch counted (the timing was cut short)",
-                              details=self.details)
-        values = {"runtime_ms": f.runtime_ms, "baseline_ms": f.baseline_ms, "speedup": f.speedup,
-                  "interval": f.low, "interval_high": f.high}
-        bad = [k for k, v in values.items() if not (isinstance(v, float) and math.isfinite(v) and v > 0)]
-        if bad:
-            return EvalResult("rejected", message=f"rejected: the timing gave no finite positive {', '.join(bad)} "
-                              "(a figure the evaluator cannot rank)", details=self.details)
-        self.details["speedup_ci"] = [f.low, f.high]
-        self.details["noise"] = f.noise
-        return EvalResult("ok", correct=True, runtime_ms=f.runtime_ms, baseline_ms=f.baseline_ms, speedup=f.speedup,
-                          details=self.details)
+        return verdict.from_timing(timed, self.ev.device, self.details)
 
     # ------------------------------------------------------------------------------------------ trials
     def _prepare(self) -> Future | None:
@@ -526,6 +521,13 @@ class Evaluation:
         t = now()
         setattr(b, phase, t - since)
         return t
+
+    def _spent(self, step: str, since: float, counted: float = 0.0) -> float:
+        """Seconds of the timing outside the batches' steps, by what they went to (diagnostics only)."""
+        now = time.monotonic()
+        spent = self.details.setdefault("timing_overhead_s", {})
+        spent[step] = round(spent.get(step, 0.0) + max(0.0, now - since - counted), 4)
+        return now
 
     def _mark(self, name: str, since: float) -> float:
         now = time.monotonic()
@@ -588,65 +590,3 @@ def trial_specs(opts) -> list[dict]:
 def _own_spec(opts) -> dict:
     return {"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False,
             "on_device": opts.inputs_on_device}
-
-
-def _timing_details(timed: dict, device: str) -> dict:
-    f = timed["figures"]
-    def rows(batches):
-        return [{"n": b.n, **{p: round(getattr(b, p) * 1e3, 4) for p in clock.PHASES}} for b in batches]
-    clock_name = "the parent's monotonic clock" if device == "cuda" else "the workers' CPU time, read by the parent"
-    out = {"clock": clock_name, "batches_ref_ms": rows(timed["refs"]),
-           "batches_cand_ms": rows(timed["cands"]), "calls_per_batch": timed["cands"][-1].n if timed["cands"] else 0}
-    if f is not None:
-        out.update(pairs=f.pairs, ratios=[round(r, 5) for r in f.ratios], runtime_ms=f.runtime_ms,
-                   baseline_ms=f.baseline_ms, speedup=f.speedup, interval=[f.low, f.high])
-    return out
-
-
-def _forged(details: dict, what: str) -> EvalResult:
-    return EvalResult("rejected", message=f"rejected: {what} (forged result)", details=details)
-
-
-def _failure(msg: dict, details: dict) -> EvalResult:
-    kind, err = str(msg.get("kind"))[:40], str(msg.get("error", ""))[:2000]
-    if kind == "rejected":
-        return EvalResult("rejected", message=f"rejected: {err}", details=details)
-    if kind != "error":
-        return _forged(details, f"the runner answered {kind!r} out of turn")
-    if "out of memory" in err.lower():
-        err = "out of memory: " + err
-    where = str(msg.get("where", "run"))[:40]
-    status = "invalid" if where == "import" and "ModelNew" in err and "KeyError" in err else "runtime_error"
-    return EvalResult(status, message=f"{where}: {err}", details=dict(details, error=err))
-
-
-def physical_checks(ev, result: EvalResult, dev: Device) -> None:
-    """A runtime below what the hardware can do is impossible; a huge speedup is flagged."""
-    floor = _floor_ms(ev, dev)
-    result.details["floor_ms"] = floor
-    if floor and result.runtime_ms is not None and result.runtime_ms < floor:
-        result.status, result.correct = "rejected", False
-        result.message = (f"rejected: {result.runtime_ms:.4f} ms is below the physical floor {floor:.4f} ms "
-                          "for this task (bytes moved / peak bandwidth, flops / peak rate)")
-        return
-    noise = result.details.get("noise")
-    band = f" ±{noise * 100:.1f}%" if isinstance(noise, float) else ""
-    if result.speedup and result.speedup > ev.opts.max_speedup:
-        result.details.setdefault("flags", []).append(f"speedup {result.speedup:.1f}x above {ev.opts.max_speedup:g}x")
-        result.message = f"ok, but the {result.speedup:.1f}x speedup is unusually high and flagged for review"
-    else:
-        result.message = (f"ok: {result.speedup:.3g}x{band} ({result.runtime_ms:.4g} ms vs the reference's "
-                          f"{result.baseline_ms:.4g} ms)")
-
-
-def _floor_ms(ev, dev: Device) -> float:
-    name = dev.info.get("device_name", "")
-    bw, peak = next((v for k, v in _PEAKS.items() if k in name), (None, None))
-    bw, peak = ev.opts.peak_bytes_per_s or bw, ev.opts.peak_flops or peak
-    nbytes = int(dev.info.get("in_bytes", 0)) + int(dev.info.get("out_bytes", 0))
-    floor = 0.0
-    if bw and nbytes:
-        floor = max(floor, nbytes / bw * 1e3)
-    if peak and ev.flops:
-        floor = max(floor, ev.flops / peak * 1e3)
-    return floor

@@ -33,9 +33,10 @@ from .forkserver import ForkServer
 from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
 from .protocol import Worker, _preexec
-from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, library_digest, private_root,
-                      own_dir, python_dirs, read_plain, write_under)
+from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, library_digest, own_dir,
+                      private_root, python_dirs, read_plain, remove_tree, sweep_private_roots, write_under)
 from .screen import screen
+from .verdict import physical_checks
 
 
 
@@ -80,6 +81,7 @@ class Evaluator:
         self.rtol, self.atol, self.l2_tol = rtol, atol, l2_tol
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
         os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
+        sweep_private_roots()   # those of Evaluators killed before they could close
         self._private = private_root()
         # (CPU) The files a timing writes for the reference worker (outputs read from a runner's memory): a
         # directory of ours, hidden in the namespace. In a runner's work directory (the cache) a candidate
@@ -190,7 +192,7 @@ class Evaluator:
             start_ms = baseline["baseline_ms"]
             details["baseline_start_ms"] = start_ms
             details["baseline_drift"] = result.baseline_ms / start_ms - 1.0
-            evaluation.physical_checks(self, result, dev)
+            physical_checks(self, result, dev)
         if "tampering" in details.get("build_note", ""):
             result.message = "; ".join(m for m in (details["build_note"], result.message) if m)
         result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index,
@@ -279,7 +281,7 @@ class Evaluator:
             forget_key(self._key_dir)
         private = getattr(self, "_private", None)
         if private and os.path.isdir(private):
-            _remove_tree(private, keep=self.log_dir)
+            remove_tree(private, keep=self.log_dir)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -406,8 +408,8 @@ class Evaluator:
         caches and scratch files are ours alone: it runs as root, and in the shared cache a CUDA JIT or
         temporary file could be written through a link a candidate left there."""
         env = dict(env, **_caches(os.path.join(self._private, "caches")))
-        try:   # forked too, where the fork server runs (the CPU: the GPU's prober and reference, by exec)
-            return self._spawner.submit(self.new_worker, env, log_path, False, self.device != "cuda").result()
+        try:   # forked too, where the fork server runs
+            return self._spawner.submit(self.new_worker, env, log_path, False, True).result()
         except RuntimeError:  # the spawner is shut down: closing
             return self.new_worker(env, log_path)
 
@@ -626,16 +628,3 @@ def default_cache_dir() -> str:
     path = os.path.join(base, "pacevolve", "eval")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
-
-
-def _remove_tree(root: str, keep: str) -> None:
-    """Remove the Evaluator's private directory, except a log directory inside it that someone reads."""
-    import shutil
-    for dirpath, dirnames, _ in os.walk(root):
-        for d in dirnames:
-            os.chmod(os.path.join(dirpath, d), 0o700)
-    if os.path.commonpath([root, keep]) == root and os.path.exists(keep) and os.listdir(keep):
-        shutil.rmtree(os.path.join(root, "code"), ignore_errors=True)
-        return
-    shutil.rmtree(root, ignore_errors=True)
-

@@ -249,9 +249,84 @@ _PARENT_FILES = {"BUILT", "build.log"}
 _REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
 
 
+_OWNER = "owner"   # in a private root: the pid and start time of the process that made it
+
+
 def private_root(prefix: str = "pacevolve-") -> str:
-    """A fresh directory only this user can enter."""
-    return tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
+    """A fresh directory only this user can enter, marked with the process that made it, so that a later
+    Evaluator removes it (sweep_private_roots) if that process dies without closing (killed)."""
+    root = tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
+    with open(os.path.join(root, _OWNER), "w") as f:
+        f.write(f"{os.getpid()} {_started(os.getpid())}")
+    return root
+
+
+def sweep_private_roots(prefix: str = "pacevolve-") -> int:
+    """Remove the private roots (ours: this user's, marked by private_root) of processes that are gone;
+    the number removed. A root whose process lives, or that carries no mark, is left alone."""
+    tmp, removed = tempfile.gettempdir(), 0
+    for name in os.listdir(tmp):
+        root = os.path.join(tmp, name)
+        try:
+            if not name.startswith(prefix) or not stat.S_ISDIR(os.lstat(root).st_mode) \
+                    or os.lstat(root).st_uid != os.getuid():
+                continue
+            with open(os.path.join(root, _OWNER), "rb") as f:
+                pid, started = f.read(64).decode().split()
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        if pid.isdigit() and _started(int(pid)) != started:
+            remove_tree(root)
+            removed += 1
+    return removed
+
+
+def remove_tree(root: str, keep: str | None = None) -> None:
+    """Remove a private root, except `keep` (a log directory inside it) where a log in it has something
+    to say: a worker's error someone may read once the Evaluator is closed."""
+    for dirpath, dirnames, _ in os.walk(root):
+        for d in dirnames:   # directories a worker left without write permission
+            try:
+                os.chmod(os.path.join(dirpath, d), 0o700)
+            except OSError:
+                pass
+    if keep and os.path.commonpath([root, keep]) == root and keep != root and _has_text(keep):
+        top = os.path.relpath(keep, root).split(os.sep)[0]
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if name != top:
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) \
+                    else _unlink(path)
+        return
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _has_text(d: str) -> bool:
+    for dirpath, _, files in os.walk(d):
+        for name in files:
+            try:
+                if os.lstat(os.path.join(dirpath, name)).st_size > 0:
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _started(pid: int) -> str:
+    """A process's start time (clock ticks since boot), "" if there is none: with the pid, it names one
+    process (a pid alone may have been reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
 
 
 def find_processes(roots: set[int], mark: str) -> set[int]:

@@ -136,6 +136,54 @@ def test_the_private_copy_holds_the_whole_package():
     assert eval_sandbox.code_files(str(src)) == sorted(p.name for p in src.glob("*.py"))
 
 
+def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch):
+    """An Evaluator killed before it could close leaves its private root (code copy, caches, logs) in the
+    temporary directory; the next Evaluator's start removes it. Roots of live processes, roots without
+    the mark, and other users' files stay."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+                             "from evaluate_kernel.sandbox import private_root; print(private_root())", str(REPO)],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    dead_root = Path(gone.communicate()[0].strip())
+    assert dead_root.parent == tmp_path and (dead_root / "owner").exists()
+    (dead_root / "logs").mkdir()
+    (dead_root / "logs" / "ref-0.log").write_text("a worker's last words")
+    live_root = Path(eval_sandbox.private_root())
+    unmarked = tmp_path / "pacevolve-unmarked"
+    unmarked.mkdir()
+    reused = tmp_path / "pacevolve-reused"   # our pid, another start time: a process long gone
+    reused.mkdir()
+    (reused / "owner").write_text(f"{os.getpid()} 1")
+    assert eval_sandbox.sweep_private_roots() == 2
+    assert not dead_root.exists() and not reused.exists()
+    assert live_root.exists() and unmarked.exists()
+
+
+def test_closing_removes_the_private_root_but_logs_with_something_to_say(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    e = ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path / "cache"), import_dirs=[str(tmp_path / "mods")],
+                     eager_baseline=False)
+    root = Path(e.log_dir).parent
+    assert root.parent == tmp_path and (root / "owner").exists()
+    e.close()
+    assert not root.exists()   # its logs were empty
+    root = Path(eval_sandbox.private_root())
+    for d in ("code", "caches/tmp", "readout", "logs"):
+        (root / d).mkdir(parents=True)
+    (root / "logs" / "forks.log").write_text("")
+    eval_sandbox.remove_tree(str(root), keep=str(root / "logs"))
+    assert not root.exists()
+    root.mkdir()
+    for d in ("code", "caches/tmp", "readout", "logs"):
+        (root / d).mkdir(parents=True)
+    (root / "logs" / "build-1.log").write_text("error: ...")
+    (root / "caches" / "tmp" / "x").write_text("x")
+    eval_sandbox.remove_tree(str(root), keep=str(root / "logs"))
+    assert sorted(os.listdir(root)) == ["logs"] and (root / "logs" / "build-1.log").read_text() == "error: ..."
+
+
 # ------------------------------------------------------------------------------------------ end to end
 HELPER = "def fused_tail(x):\n    import torch\n    return torch.relu(x)\n"
 REF = '''import torch
