@@ -11,7 +11,9 @@ hand-written conv_groupnorm candidate in tests/kernels/conv_groupnorm_fused.py. 
   3. agreement with an independent measurement done here, in this process, by KernelBench's timer (CUDA
      events around each call, an L2 flush before it, median of 50), for the reference and the candidate;
   4. throughput: K distinct candidates (the fused kernel with a harmless constant changed, so each needs
-     its own build) submitted at once from K threads, with Evaluator(gpus=[0]) and with all visible GPUs.
+     its own build) submitted at once from K threads, new and then built, with Evaluator(gpus=[0]) and,
+     where there are several GPUs, with all of them (other new sources), their ratio to linear scaling,
+     and the same candidate's speedup on each GPU alone.
 Writes a markdown table (date, GPU, torch/CUDA versions, every figure) to stdout and to --out.
 Budget: about 5-8 minutes on one H100/H200 machine with 16 cores (K=6).
 
@@ -92,7 +94,10 @@ def cost_rows(result, wall_s: float) -> dict[str, float]:
         batches = (t.get("batches_ref_ms") or []) + (t.get("batches_cand_ms") or [])
         steps = {f"timing: {s}": sum(b.get(s, 0.0) for b in batches) / 1e3 for s in BATCH_STEPS}
         rows.update(steps)
-        rows["timing: verify, stop, exchanges"] = max(0.0, timing - sum(steps.values()))
+        spent = {f"timing: {k}": float(v) for k, v in (d.get("timing_overhead_s") or {}).items()
+                 if k in ("ship", "stop", "check")}
+        rows.update(spent)
+        rows["timing: exchanges, the rest"] = max(0.0, timing - sum(steps.values()) - sum(spent.values()))
     rows["other"] = max(0.0, wall_s - sum(rows.values()))
     return rows
 
@@ -193,6 +198,13 @@ def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
 
 
 # ------------------------------------------------------------------------------------------- phases
+
+def speedups_on(task, src: str, gpu: int, cache_dir: str, repeats: int, **opts) -> list[float]:
+    """The same (built) candidate's speedup, `repeats` evaluations on one GPU alone."""
+    with evaluate_kernel.Evaluator.for_task(task, gpus=[gpu], cache_dir=cache_dir, **opts) as ev:
+        results = [ev.evaluate(src) for _ in range(repeats)]
+    return [r.speedup for r in results if r.status == "ok"]
+
 
 def throughput(task, sources: list[str], gpus: list[int], cache_dir: str, steady: bool, **opts) -> dict:
     """K sources submitted at once from K threads. steady=True first runs the same K evaluations untimed,
@@ -321,26 +333,42 @@ def main() -> int:
     # build-bound); the later rounds evaluate the same, already built sources again (re-checked and
     # re-timed, not cached results), which isolates what the GPUs add; they are timed after one untimed
     # pass, as in a long search.
+    # With several GPUs the new round on all of them gets sources of its own (nothing of them built yet).
     sources = [variant(src, 1 + i) for i in range(args.k)]
     tp_cache = os.path.join(work, "cache_tp")
-    rounds = [("1 GPU, new candidates", [0]), ("1 GPU, built candidates", [0])]
+    rounds = [("1 GPU, new candidates", [0], sources), ("1 GPU, built candidates", [0], sources)]
     if len(all_gpus) > 1:
-        rounds.append((f"{len(all_gpus)} GPUs, built candidates", all_gpus))
+        rounds += [(f"{len(all_gpus)} GPUs, new candidates", all_gpus, [variant(src, 101 + i) for i in range(args.k)]),
+                   (f"{len(all_gpus)} GPUs, built candidates", all_gpus, sources)]
+    if not over_budget():   # torch's precompiled header, built once per cache by the first build: not any round's
+        with evaluate_kernel.Evaluator.for_task(task, gpus=[0], cache_dir=tp_cache, eager_baseline=False, **opts) as ev:
+            ev.evaluate(variant(src, 999))
     per_hour = {}
-    for label, gpus in rounds:
+    for label, gpus, srcs in rounds:
         if over_budget():
             add(f"throughput, {label}", "skipped: over the time budget")
             continue
-        t = throughput(task, sources, gpus, cache_dir=tp_cache, steady="built" in label, **opts)
+        t = throughput(task, srcs, gpus, cache_dir=tp_cache, steady="built" in label, **opts)
         per_hour[label] = t["per_hour"]
         add(f"throughput, {label}", f"{t['per_hour']:.0f} candidates/hour ({t['k']} distinct sources "
                                     f"submitted at once, {t['wall_s']:.1f} s wall, {t['ok']}/{t['k']} ok, "
                                     f"statuses {t['statuses']})")
-    per_hour.pop("1 GPU, new candidates", None)
-    if len(per_hour) == 2:
-        a, b = per_hour.values()
-        add("multi-GPU scaling", f"{b / a:.2f}x the candidates/hour of 1 GPU (target >= 1.8x with 2 GPUs)")
-    elif len(all_gpus) == 1:
+    if len(all_gpus) > 1:
+        for kind in ("new", "built"):
+            one, many = per_hour.get(f"1 GPU, {kind} candidates"), per_hour.get(f"{len(all_gpus)} GPUs, {kind} candidates")
+            if one and many:
+                add(f"multi-GPU scaling, {kind} candidates",
+                    f"{many / one:.2f}x the candidates/hour of 1 GPU ({many / one / len(all_gpus):.2f} of linear; "
+                    f"target within 10% of linear)")
+        if not over_budget():
+            per_gpu = {g: speedups_on(task, src, g, tp_cache, args.repeats, **opts) for g in all_gpus}
+            med = {g: statistics.median(v) for g, v in per_gpu.items() if v}
+            if len(med) == len(all_gpus):
+                lo, hi = min(med.values()), max(med.values())
+                add("one candidate's speedup on each GPU",
+                    "; ".join(f"GPU {g}: {med[g]:.4f}x ({', '.join(f'{x:.4f}' for x in per_gpu[g])})" for g in med)
+                    + f": {100 * (hi - lo) / lo:.2f}% apart (target within 1%)")
+    else:
         add("throughput, all GPUs", "only 1 GPU visible: same as 1 GPU")
     add("benchmark wall time", f"{time.perf_counter() - started:.0f} s")
 
