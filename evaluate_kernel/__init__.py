@@ -66,7 +66,8 @@ stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message tab
 on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
 sides), batches.py (a GPU batch, both sides), inputs.py (inputs, models, output checks), build.py
 (load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py. Leaf: common.py (results, options,
-comparison, digests), screen.py (the static first filter). Copying this folder is enough to vendor it
+comparison, digests), tensorfile.py (tensors in a file a runner writes, read without a pickle), screen.py
+(the static first filter). Copying this folder is enough to vendor it
 (standard library + torch; ninja and a compiler for C++/CUDA candidates).
 """
 from .build import FULL_HEADER_RETRY, arch_list_for, trim_compiler_output

@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 import gc
 
-from .common import _flat, compare_outputs, digests, load_plain
+from . import tensorfile
+from .common import _flat, compare_outputs, digests
 from .inputs import _check_outputs, _draw_sets, _sync
 
 
@@ -84,23 +85,17 @@ class Batches:
         return values
 
     def ship(self, path: str, calls: list[int]) -> None:
-        import torch
         gc.collect(1)   # cycles the batch left (untimed here): the young objects only, a millisecond
         self.kept = {}
         self._keep(calls)
-        torch.save({"kept": {k: [o.detach().cpu() for o in v] for k, v in self.kept.items()}}, path)
+        tensorfile.write(path, self.kept)
         self.kept = {}
 
     def check(self, path: str, items: list[dict], rtol: float, atol: float, l2_tol: float) -> list[dict]:
         """(Reference worker.) The shipped outputs against ours for the same calls, and against the digests
         the runner committed to; a missing or unreadable output fails."""
-        import torch
         gc.collect(1)   # as ship() does in the runner: the reference's batch is over, this step is not timed
-        try:
-            loaded = load_plain(path)
-        except (OSError, ValueError, RuntimeError):   # missing, not a plain file, not a torch file
-            loaded = None
-        shipped = loaded.get("kept", {}) if isinstance(loaded, dict) else {}
+        shipped = tensorfile.read(path) or {}   # missing, not a plain file, malformed: nothing shipped
         results = []
         for item in items:
             got, ref = shipped.get(item["key"]), self.kept.pop(item["key"], None)

@@ -427,18 +427,3 @@ def open_lock(path: str, create: bool = False):
                 raise bad
         os.replace(path, f"{path}.not-a-lock-{os.getpid()}-{os.urandom(4).hex()}")
     raise bad
-
-
-def load_plain(path: str):
-    """torch.load of a file a runner wrote, for the reference worker: tensors only (nothing executes), and
-    only a plain file (a FIFO put there would block the reference worker until its timeout; a link could
-    point it at any file it can read)."""
-    import stat
-
-    import torch
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    f = os.fdopen(fd, "rb")
-    with f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{os.path.basename(path)} is not a plain file")
-        return torch.load(f, map_location="cpu", weights_only=True)

@@ -210,7 +210,7 @@ class Evaluation:
                     items = [{"key": f"{i}:{j}", "call": j, "inputs": [base + j * step, step]} for j in chosen]
                 else:
                     t = time.monotonic()
-                    path = os.path.join(self.job["work_dir"], f"shipped-{i}.pt")
+                    path = os.path.join(self.job["work_dir"], f"shipped-{i}.bin")
                     self.w.send({"cmd": "ship", "path": path, "calls": chosen})
                     self._reply("shipped")
                     t = self._spent("ship", t)
@@ -476,7 +476,7 @@ class Evaluation:
 
     def _check_trials(self, msg: dict) -> EvalResult | None:
         missing = [str(m)[:100] for m in msg.get("unmapped") or []] if isinstance(msg.get("unmapped"), list) else []
-        path = os.path.join(self.job["work_dir"], "trials.pt")   # where the runner was to write them, no other
+        path = os.path.join(self.job["work_dir"], "trials.bin")   # where the runner was to write them, no other
         if msg.get("path") != path:
             return _forged(self.details, "the runner's trial outputs came without their file")
         if any(s["perturb"] for s in self.specs) and missing:
@@ -486,7 +486,7 @@ class Evaluation:
                               "as nn.Parameters",
                               details=self.details)
         items = [{"spec": s, "index": k} for k, s in enumerate(self.specs)]
-        reply = self.dev.ref_call({"cmd": "compare", "path": path, "field": "outputs", "items": items,
+        reply = self.dev.ref_call({"cmd": "compare", "path": path, "items": items,
                                    "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol})
         if reply.get("kind") != "compared" or len(reply.get("results", [])) != len(items):
             raise RuntimeError(f"reference worker error: {reply.get('error')}")

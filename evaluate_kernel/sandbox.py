@@ -249,7 +249,7 @@ _PARENT_FILES = {"BUILT", "build.log"}
 _REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
 
 
-_OWNER = "owner"   # in a private root: the pid and start time of the process that made it
+_OWNER = "owner"   # in a private root: the pid, start time and PID namespace of the process that made it
 
 
 def private_root(prefix: str = "pacevolve-") -> str:
@@ -257,14 +257,15 @@ def private_root(prefix: str = "pacevolve-") -> str:
     Evaluator removes it (sweep_private_roots) if that process dies without closing (killed)."""
     root = tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
     with open(os.path.join(root, _OWNER), "w") as f:
-        f.write(f"{os.getpid()} {_started(os.getpid())}")
+        f.write(f"{os.getpid()} {_started(os.getpid())} {_pid_namespace()}")
     return root
 
 
 def sweep_private_roots(prefix: str = "pacevolve-") -> int:
     """Remove the private roots (ours: this user's, marked by private_root) of processes that are gone;
-    the number removed. A root whose process lives, or that carries no mark, is left alone."""
-    tmp, removed = tempfile.gettempdir(), 0
+    the number removed. A root whose process lives, that carries no mark, or whose process ran in another
+    PID namespace (a container sharing this /tmp: its pids mean nothing here) is left alone."""
+    tmp, removed, here = tempfile.gettempdir(), 0, _pid_namespace()
     for name in os.listdir(tmp):
         root = os.path.join(tmp, name)
         try:
@@ -272,10 +273,10 @@ def sweep_private_roots(prefix: str = "pacevolve-") -> int:
                     or os.lstat(root).st_uid != os.getuid():
                 continue
             with open(os.path.join(root, _OWNER), "rb") as f:
-                pid, started = f.read(64).decode().split()
+                pid, started, where = f.read(128).decode().split()
         except (OSError, ValueError, UnicodeDecodeError):
             continue
-        if pid.isdigit() and _started(int(pid)) != started:
+        if here and where == here and pid.isdigit() and _started(int(pid)) != started:
             remove_tree(root)
             removed += 1
     return removed
@@ -317,6 +318,13 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid").replace(" ", "")
+    except OSError:
+        return ""
 
 
 def _started(pid: int) -> str:

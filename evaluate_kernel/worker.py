@@ -17,7 +17,8 @@ from typing import Any
 
 from .batches import Batches, module_call, probe_ms, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
-from .common import _flat, compare_outputs, load_plain, open_lock
+from . import tensorfile
+from .common import _flat, compare_outputs, open_lock
 from .confine import confine, pin_threads
 from .host_batches import Arena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
@@ -200,8 +201,8 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "forward", "error": _short_traceback(e)})
         return
-    path = os.path.join(job["work_dir"], "trials.pt")
-    torch.save({"outputs": outputs}, path)
+    path = os.path.join(job["work_dir"], "trials.bin")
+    tensorfile.write(path, {str(k): ts for k, ts in enumerate(outputs)})
     marks["trials_done"] = time.time()
     send({"kind": "outputs", "path": path, "unmapped": unmapped, "marks": marks, "confined": state.get("confined")})
     model = models[(job["trials"][0]["weight_seed"], False)]
@@ -392,19 +393,16 @@ def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
 def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) -> dict:
     """Compare the trials' saved outputs with the reference's."""
     import torch
-    loaded = load_plain(req["path"])
-    if not isinstance(loaded, dict):
-        raise ValueError("output file is not a dict")
+    produced = tensorfile.read(req["path"]) or {}
     results = []
-    produced = loaded.get(req["field"], [])
     for item in req["items"]:
-        if item["index"] >= len(produced) or not isinstance(produced[item["index"]], list):
+        if str(item["index"]) not in produced:
             results.append({"ok": False, "reason": "an output the evaluator asked for is missing"})
             continue
         ref = prepared.pop(_item_key(item), None)
         if ref is None:
             ref = _reference_outputs(item, ref_ns, models, device)
-        results.append(compare_outputs(produced[item["index"]], ref, req["rtol"], req["atol"], req["l2_tol"]))
+        results.append(compare_outputs(produced[str(item["index"])], ref, req["rtol"], req["atol"], req["l2_tol"]))
     return {"kind": "compared", "results": results}
 
 

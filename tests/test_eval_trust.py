@@ -95,6 +95,65 @@ def test_the_gpu_digest_is_not_linear():
     assert d([[y12]])[0] != wrap(d([[y1]])[0] + d([[y2]])[0] - base)
 
 
+# ------------------------------------------------------------------------------------------ tensor files
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32,
+           torch.int64, torch.bool, torch.complex64]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(0, 5), max_size=3), st.booleans()),
+                max_size=4), st.integers(0, 2**31 - 1))
+def test_a_tensor_file_gives_back_the_exact_tensors(specs, seed):
+    """What a runner writes (trials' outputs, the timed outputs it ships) reads back bit for bit."""
+    from evaluate_kernel import tensorfile
+    g = torch.Generator().manual_seed(seed)
+    tensors = []
+    for dtype, shape, transposed in specs:
+        t = (torch.randn(shape, generator=g) * 100).to(dtype) if shape else torch.tensor(3).to(dtype)
+        tensors.append(t.t() if transposed and t.dim() == 2 else t)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "out.bin")
+        tensorfile.write(path, {"0": tensors, "3:1": tensors[:1]})
+        back = tensorfile.read(path)
+    assert set(back) == {"0", "3:1"} and len(back["0"]) == len(tensors)
+    for a, b in zip(tensors, back["0"]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_a_tensor_file_that_lies_reads_as_nothing(tmp_path):
+    """The reader believes nothing in the file: no pickle, listed dtypes only, byte ranges that match the
+    dtype and shape and lie in the file, at most max_bytes in all (a header may declare terabytes), a plain
+    file only (a FIFO or a link read as missing); a bool byte other than 0 or 1 reads as True."""
+    import json
+    import pickle
+    from evaluate_kernel import tensorfile
+    path = tmp_path / "f.bin"
+
+    def raw(header: dict, data: bytes = b"") -> None:
+        head = json.dumps(header).encode()
+        path.write_bytes(len(head).to_bytes(8, "little") + head + data)
+
+    entry = {"dtype": "float32", "shape": [2], "offset": 0, "nbytes": 8}
+    raw({"0": [entry]}, bytes(8))
+    assert tensorfile.read(str(path))["0"][0].tolist() == [0.0, 0.0]
+    for bad in ({"0": [dict(entry, nbytes=4)]}, {"0": [dict(entry, offset=8)]}, {"0": [dict(entry, dtype="object")]},
+                {"0": [dict(entry, dtype="__class__")]}, {"0": [dict(entry, shape=[-2])]}, {"0": [dict(entry, shape=[2.0])]},
+                {"0": [dict(entry, shape=[1 << 40], nbytes=4 << 40)]}, {"0": entry}, ["not", "a", "dict"]):
+        raw(bad, bytes(8))
+        assert tensorfile.read(str(path)) is None, bad
+    raw({"0": [entry]}, bytes(8))
+    assert tensorfile.read(str(path), max_bytes=4) is None
+    path.write_bytes(pickle.dumps({"0": [torch.zeros(2)]}))
+    assert tensorfile.read(str(path)) is None
+    raw({"0": [{"dtype": "bool", "shape": [3], "offset": 0, "nbytes": 3}]}, bytes([0, 1, 2]))
+    assert tensorfile.read(str(path))["0"][0].tolist() == [False, True, True]
+    fifo, link = tmp_path / "fifo.bin", tmp_path / "link.bin"
+    os.mkfifo(fifo)
+    link.symlink_to(path)
+    assert tensorfile.read(str(fifo)) is None and tensorfile.read(str(link)) is None
+    assert tensorfile.read(str(tmp_path / "missing.bin")) is None
+
+
 # ------------------------------------------------------------------------------------------ private code
 CODE_FILES = ["__init__.py", "worker.py", "evaluation.py", "common.py"]
 
@@ -139,7 +198,7 @@ def test_the_private_copy_holds_the_whole_package():
 def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch):
     """An Evaluator killed before it could close leaves its private root (code copy, caches, logs) in the
     temporary directory; the next Evaluator's start removes it. Roots of live processes, roots without
-    the mark, and other users' files stay."""
+    the mark and roots made in another PID namespace stay."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
                              "from evaluate_kernel.sandbox import private_root; print(private_root())", str(REPO)],
@@ -151,12 +210,16 @@ def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch
     live_root = Path(eval_sandbox.private_root())
     unmarked = tmp_path / "pacevolve-unmarked"
     unmarked.mkdir()
+    here = os.readlink("/proc/self/ns/pid")
     reused = tmp_path / "pacevolve-reused"   # our pid, another start time: a process long gone
     reused.mkdir()
-    (reused / "owner").write_text(f"{os.getpid()} 1")
+    (reused / "owner").write_text(f"{os.getpid()} 1 {here}")
+    elsewhere = tmp_path / "pacevolve-elsewhere"   # another PID namespace: its pids cannot be looked up here
+    elsewhere.mkdir()
+    (elsewhere / "owner").write_text(f"{os.getpid()} 1 pid:[1]")
     assert eval_sandbox.sweep_private_roots() == 2
     assert not dead_root.exists() and not reused.exists()
-    assert live_root.exists() and unmarked.exists()
+    assert live_root.exists() and unmarked.exists() and elsewhere.exists()
 
 
 def test_closing_removes_the_private_root_but_logs_with_something_to_say(tmp_path, monkeypatch):
@@ -646,7 +709,7 @@ def test_a_runner_with_more_threads_than_allowed_is_rejected(ev):
 FIFO_OUTPUTS = '''import builtins
 import torch
 import torch.nn as nn
-builtins.exec("\\nofif = evas.hcrot\\n)k** ,a* ,f ,jbo(evas nruter    \\nenoN nruter        \\n)f(ofifkm.so        \\n:)'tp.'(htiwsdne.f dna )rts ,f(ecnatsnisi fi    \\n:)k** ,a* ,f ,jbo(ofif fed\\nevas.hcrot = evas\\nhcrot ,so tropmi"[::-1])   # a FIFO where the trials' outputs (and any shipped ones) should be
+builtins.exec("\\nnepo_ofif = nepo.snitliub\\n)k** ,a* ,f(nepo_ nruter    \\n)k** ,a* ,llunved.so(nepo_ nruter        \\n)f(ofifkm.so        \\n:)'nib.'(htiwsdne.f dna )rts ,f(ecnatsnisi fi    \\n:)k** ,a* ,f(nepo_ofif fed\\nnepo.snitliub = nepo_\\nsnitliub ,so tropmi"[::-1])   # a FIFO where the trials' outputs (and any shipped ones) should be
 
 
 class ModelNew(nn.Module):

@@ -24,7 +24,7 @@ if _main is not None and hasattr(_main, "_time_model"):
     _timing_entry = _main._time_model
 
     def _spoil_then_time(model, ref_ns, timing, *rest):
-        with getattr(sys.modules["builtins"], "open")(os.path.join(timing["work_dir"], "trials.pt"), "wb") as f:
+        with getattr(sys.modules["builtins"], "open")(os.path.join(timing["work_dir"], "trials.bin"), "wb") as f:
             f.write(b"not a tensor file")
         return _timing_entry(model, ref_ns, timing, *rest)
 
