@@ -1,4 +1,5 @@
-"""Parent side, per device: the reference worker, the spare runners, the device's locks and baseline.
+"""Parent side, per device: the reference worker, the spare runners, the device's locks and baseline, and
+the machine's physical cores (physical_cores), which the Evaluator shares out between devices.
 
 Nothing here imports candidate code; it starts and stops worker processes (protocol.py) and keeps the
 state one timing slot needs.
@@ -284,3 +285,28 @@ def _cuda_count() -> int:
     return torch.cuda.device_count()
 
 
+def physical_cores(cores: list[int], root: str = "/sys/devices/system/cpu") -> list[list[int]]:
+    """The cores given, grouped by physical core (SMT siblings together, each group sorted), in order of
+    their first core; a core whose topology cannot be read is a group of its own."""
+    allowed, groups, placed = set(cores), {}, set()
+    for c in sorted(allowed):
+        if c in placed:
+            continue
+        try:
+            with open(f"{root}/cpu{c}/topology/thread_siblings_list") as f:
+                siblings = _cpu_list(f.read())
+        except (OSError, ValueError):
+            siblings = {c}
+        key = tuple(sorted(((siblings & allowed) | {c}) - placed))
+        placed.update(key)
+        groups[key] = list(key)
+    return sorted(groups.values())
+
+
+def _cpu_list(text: str) -> set[int]:
+    """Linux's cpu list format: "0-3,8,10-11"."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out

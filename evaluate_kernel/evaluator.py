@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import evaluation
 from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
 from .common import EvalResult, EvaluatorError, Options, lock_path, open_lock, scrubbed_env, source_hash
-from .device import Device, _cuda_count
+from .device import Device, _cuda_count, physical_cores
 from .forkserver import ForkServer
 from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
@@ -583,33 +583,6 @@ class Evaluator:
         return EvalResult("rejected", message=f"rejected: {self._tamper_note} while this candidate ran; a "
                           "candidate may write only inside its build directory", details=details)
 
-
-
-def physical_cores(cores: list[int], root: str = "/sys/devices/system/cpu") -> list[list[int]]:
-    """The cores given, grouped by physical core (SMT siblings together, each group sorted), in order of
-    their first core; a core whose topology cannot be read is a group of its own."""
-    allowed, groups, placed = set(cores), {}, set()
-    for c in sorted(allowed):
-        if c in placed:
-            continue
-        try:
-            with open(f"{root}/cpu{c}/topology/thread_siblings_list") as f:
-                siblings = _cpu_list(f.read())
-        except (OSError, ValueError):
-            siblings = {c}
-        key = tuple(sorted(((siblings & allowed) | {c}) - placed))
-        placed.update(key)
-        groups[key] = list(key)
-    return sorted(groups.values())
-
-
-def _cpu_list(text: str) -> set[int]:
-    """Linux's cpu list format: "0-3,8,10-11"."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def _caches(root: str) -> dict[str, str]:

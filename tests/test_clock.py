@@ -169,7 +169,7 @@ def _fake_topology(root, siblings: dict[int, str]) -> None:
 
 
 def test_physical_cores_group_smt_siblings(tmp_path):
-    from evaluate_kernel.evaluator import physical_cores
+    from evaluate_kernel.device import physical_cores
     _fake_topology(tmp_path, {c: f"{c % 8},{c % 8 + 8}" for c in range(16)})
     assert physical_cores(list(range(16)), str(tmp_path)) == [[c, c + 8] for c in range(8)]
     assert physical_cores([0, 1, 2, 9], str(tmp_path)) == [[0], [1, 9], [2]]   # siblings outside the set drop
