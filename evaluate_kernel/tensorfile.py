@@ -52,38 +52,28 @@ def read(path: str, max_bytes: int = 4 << 30) -> dict[str, list] | None:
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         try:
             n = int.from_bytes(f.read(8), "little")
-            if not 0 < n <= _MAX_HEADER:
-                return None
-            header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError):
+            header = json.loads(f.read(n)) if 0 < n <= _MAX_HEADER else None
+        except (ValueError, UnicodeDecodeError, RecursionError):   # a header nested a million deep
             return None
-        base, total, out = 8 + n, 0, {}
-        if not isinstance(header, dict):
+        if not isinstance(header, dict) or not all(isinstance(v, list) for v in header.values()):
             return None
+        out, total = {}, 0
         for key, entries in header.items():
-            if not isinstance(entries, list):
-                return None
             tensors = []
             for e in entries:
-                shape = e.get("shape") if isinstance(e, dict) else None
-                if (not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
-                        or e.get("dtype") not in DTYPES or not hasattr(torch, e["dtype"]) or type(e.get("offset")) is not int
-                        or type(e.get("nbytes")) is not int or e["offset"] < 0):
+                layout = _layout(e, torch)
+                if layout is None:
                     return None
-                dtype = getattr(torch, e["dtype"])
-                numel = 1
-                for d in shape:
-                    numel *= d
-                nbytes = numel * torch.empty((), dtype=dtype).element_size()
+                dtype, shape, offset, nbytes = layout
                 total += nbytes
-                if nbytes != e["nbytes"] or total > max_bytes or base + e["offset"] + nbytes > st.st_size:
+                if total > max_bytes or 8 + n + offset + nbytes > size:
                     return None
-                f.seek(base + e["offset"])
+                f.seek(8 + n + offset)
                 data = bytearray(nbytes)
                 if f.readinto(data) != nbytes:
                     return None
@@ -93,3 +83,21 @@ def read(path: str, max_bytes: int = 4 << 30) -> dict[str, list] | None:
                 tensors.append(t.reshape(shape))
             out[str(key)] = tensors
         return out
+
+
+def _layout(e, torch):
+    """(dtype, shape, offset, nbytes) of one header entry, or None unless every field is what it must be:
+    a listed dtype, a shape of non-negative ints, an offset, and nbytes = numel x the dtype's size."""
+    if not isinstance(e, dict) or e.get("dtype") not in DTYPES or not hasattr(torch, e["dtype"]):
+        return None
+    shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) \
+            or type(offset) is not int or offset < 0 or type(nbytes) is not int:
+        return None
+    dtype = getattr(torch, e["dtype"])
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel * torch.empty((), dtype=dtype).element_size() != nbytes:
+        return None
+    return dtype, shape, offset, nbytes

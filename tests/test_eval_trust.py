@@ -143,6 +143,9 @@ def test_a_tensor_file_that_lies_reads_as_nothing(tmp_path):
         assert tensorfile.read(str(path)) is None, bad
     raw({"0": [entry]}, bytes(8))
     assert tensorfile.read(str(path), max_bytes=4) is None
+    deep = b"[" * 200_000 + b"]" * 200_000   # json's parser recurses: a RecursionError, not a ValueError
+    path.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    assert tensorfile.read(str(path)) is None
     path.write_bytes(pickle.dumps({"0": [torch.zeros(2)]}))
     assert tensorfile.read(str(path)) is None
     raw({"0": [{"dtype": "bool", "shape": [3], "offset": 0, "nbytes": 3}]}, bytes([0, 1, 2]))
