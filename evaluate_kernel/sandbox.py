@@ -272,8 +272,8 @@ def sweep_private_roots(prefix: str = "pacevolve-") -> int:
             if not name.startswith(prefix) or not stat.S_ISDIR(os.lstat(root).st_mode) \
                     or os.lstat(root).st_uid != os.getuid():
                 continue
-            with open(os.path.join(root, _OWNER), "rb") as f:
-                pid, started, where = f.read(128).decode().split()
+            mark = read_plain(os.path.join(root, _OWNER), 128)   # never a FIFO's wait, never through a link
+            pid, started, where = (mark or b"").decode().split()
         except (OSError, ValueError, UnicodeDecodeError):
             continue
         if here and where == here and pid.isdigit() and _started(int(pid)) != started:
@@ -286,9 +286,11 @@ def remove_tree(root: str, keep: str | None = None) -> None:
     """Remove a private root, except `keep` (a log directory inside it) where a log in it has something
     to say: a worker's error someone may read once the Evaluator is closed."""
     for dirpath, dirnames, _ in os.walk(root):
-        for d in dirnames:   # directories a worker left without write permission
+        for d in dirnames:   # directories a worker left without write permission; a link's target is not ours
+            path = os.path.join(dirpath, d)
             try:
-                os.chmod(os.path.join(dirpath, d), 0o700)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o700)
             except OSError:
                 pass
     if keep and os.path.commonpath([root, keep]) == root and keep != root and _has_text(keep):

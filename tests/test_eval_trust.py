@@ -210,6 +210,10 @@ def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch
     assert dead_root.parent == tmp_path and (dead_root / "owner").exists()
     (dead_root / "logs").mkdir()
     (dead_root / "logs" / "ref-0.log").write_text("a worker's last words")
+    outside = tmp_path / "outside"   # a link in a swept root: its target keeps its mode and its files
+    outside.mkdir(mode=0o755)
+    (outside / "keep").write_text("x")
+    (dead_root / "logs" / "link").symlink_to(outside)
     live_root = Path(eval_sandbox.private_root())
     unmarked = tmp_path / "pacevolve-unmarked"
     unmarked.mkdir()
@@ -220,9 +224,16 @@ def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch
     elsewhere = tmp_path / "pacevolve-elsewhere"   # another PID namespace: its pids cannot be looked up here
     elsewhere.mkdir()
     (elsewhere / "owner").write_text(f"{os.getpid()} 1 pid:[1]")
+    fifo = tmp_path / "pacevolve-fifo"   # a mark that is a FIFO (a candidate without a namespace can make one)
+    fifo.mkdir()
+    os.mkfifo(fifo / "owner")
+    linked = tmp_path / "pacevolve-linked"
+    linked.mkdir()
+    (linked / "owner").symlink_to(reused / "owner")
     assert eval_sandbox.sweep_private_roots() == 2
     assert not dead_root.exists() and not reused.exists()
-    assert live_root.exists() and unmarked.exists() and elsewhere.exists()
+    assert (outside / "keep").exists() and outside.stat().st_mode & 0o777 == 0o755
+    assert live_root.exists() and unmarked.exists() and elsewhere.exists() and fifo.exists() and linked.exists()
 
 
 def test_closing_removes_the_private_root_but_logs_with_something_to_say(tmp_path, monkeypatch):
