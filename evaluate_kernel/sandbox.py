@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -249,34 +250,35 @@ _PARENT_FILES = {"BUILT", "build.log"}
 _REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
 
 
-_OWNER = "owner"   # in a private root: the pid, start time and PID namespace of the process that made it
+# A private root's name says who made it: pacevolve-root-PID-START-PIDNS-random. In its name, not in a file
+# inside: the name is fixed once /tmp is read-only to candidates, while any directory a candidate can write
+# (a cache that happens to be called pacevolve-*) could hold a forged file (tenth red team).
+_ROOT_PREFIX = "pacevolve-root-"
+_ROOT_NAME = re.compile(r"^pacevolve-root-(\d+)-(\d+)-(\d+)-[^/]+$")
 
 
-def private_root(prefix: str = "pacevolve-") -> str:
-    """A fresh directory only this user can enter, marked with the process that made it, so that a later
+def private_root() -> str:
+    """A fresh directory only this user can enter, named after the process that made it, so that a later
     Evaluator removes it (sweep_private_roots) if that process dies without closing (killed)."""
-    root = tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it with mode 0700
-    with open(os.path.join(root, _OWNER), "w") as f:
-        f.write(f"{os.getpid()} {_started(os.getpid())} {_pid_namespace()}")
-    return root
+    pid = os.getpid()
+    return tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{pid}-{_started(pid) or 0}-{_pid_namespace() or 0}-")
 
 
-def sweep_private_roots(prefix: str = "pacevolve-") -> int:
-    """Remove the private roots (ours: this user's, marked by private_root) of processes that are gone;
-    the number removed. A root whose process lives, that carries no mark, or whose process ran in another
-    PID namespace (a container sharing this /tmp: its pids mean nothing here) is left alone."""
+def sweep_private_roots() -> int:
+    """Remove the private roots (this user's directories named by private_root) of processes that are gone;
+    the number removed. A root whose process lives, or whose process ran in another PID namespace (a
+    container sharing this /tmp: its pids mean nothing here), is left alone."""
     tmp, removed, here = tempfile.gettempdir(), 0, _pid_namespace()
     for name in os.listdir(tmp):
+        m = _ROOT_NAME.match(name)
+        if not m or not here or m.group(3) != here or m.group(2) == "0":
+            continue
         root = os.path.join(tmp, name)
         try:
-            if not name.startswith(prefix) or not stat.S_ISDIR(os.lstat(root).st_mode) \
-                    or os.lstat(root).st_uid != os.getuid():
-                continue
-            mark = read_plain(os.path.join(root, _OWNER), 128)   # never a FIFO's wait, never through a link
-            pid, started, where = (mark or b"").decode().split()
-        except (OSError, ValueError, UnicodeDecodeError):
+            st = os.lstat(root)
+        except OSError:
             continue
-        if here and where == here and pid.isdigit() and _started(int(pid)) != started:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _started(int(m.group(1))) != m.group(2):
             remove_tree(root)
             removed += 1
     return removed
@@ -323,8 +325,9 @@ def _unlink(path: str) -> None:
 
 
 def _pid_namespace() -> str:
+    """This process's PID namespace, as the number of its inode ("" if unknown)."""
     try:
-        return os.readlink("/proc/self/ns/pid").replace(" ", "")
+        return "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
     except OSError:
         return ""
 

@@ -200,14 +200,16 @@ def test_the_private_copy_holds_the_whole_package():
 
 def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch):
     """An Evaluator killed before it could close leaves its private root (code copy, caches, logs) in the
-    temporary directory; the next Evaluator's start removes it. Roots of live processes, roots without
-    the mark and roots made in another PID namespace stay."""
+    temporary directory; the next Evaluator's start removes it. The root's name says who made it: roots of
+    live processes or of another PID namespace stay, and so does any other directory, whatever it holds
+    (a candidate that could write in a cache called pacevolve-* left a forged owner file there, a link to a
+    directory to chmod, and a FIFO: tenth red team)."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
                              "from evaluate_kernel.sandbox import private_root; print(private_root())", str(REPO)],
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
     dead_root = Path(gone.communicate()[0].strip())
-    assert dead_root.parent == tmp_path and (dead_root / "owner").exists()
+    assert dead_root.parent == tmp_path and dead_root.name.startswith(f"pacevolve-root-{gone.pid}-")
     (dead_root / "logs").mkdir()
     (dead_root / "logs" / "ref-0.log").write_text("a worker's last words")
     outside = tmp_path / "outside"   # a link in a swept root: its target keeps its mode and its files
@@ -215,25 +217,21 @@ def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch
     (outside / "keep").write_text("x")
     (dead_root / "logs" / "link").symlink_to(outside)
     live_root = Path(eval_sandbox.private_root())
-    unmarked = tmp_path / "pacevolve-unmarked"
-    unmarked.mkdir()
-    here = os.readlink("/proc/self/ns/pid")
-    reused = tmp_path / "pacevolve-reused"   # our pid, another start time: a process long gone
+    ns = "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
+    reused = tmp_path / f"pacevolve-root-{os.getpid()}-1-{ns}-x"   # our pid, another start: long gone
     reused.mkdir()
-    (reused / "owner").write_text(f"{os.getpid()} 1 {here}")
-    elsewhere = tmp_path / "pacevolve-elsewhere"   # another PID namespace: its pids cannot be looked up here
+    elsewhere = tmp_path / f"pacevolve-root-{gone.pid}-1-1-x"    # another PID namespace: its pids mean nothing
     elsewhere.mkdir()
-    (elsewhere / "owner").write_text(f"{os.getpid()} 1 pid:[1]")
-    fifo = tmp_path / "pacevolve-fifo"   # a mark that is a FIFO (a candidate without a namespace can make one)
-    fifo.mkdir()
-    os.mkfifo(fifo / "owner")
-    linked = tmp_path / "pacevolve-linked"
-    linked.mkdir()
-    (linked / "owner").symlink_to(reused / "owner")
+    cache = tmp_path / "pacevolve-bench-cache"   # a cache a candidate wrote in: an old-style mark, a FIFO
+    cache.mkdir()
+    (cache / "owner").write_text(f"{gone.pid} 0 {ns}")
+    os.mkfifo(cache / "fifo")
+    linked = tmp_path / f"pacevolve-root-{gone.pid}-1-{ns}-link"   # a link, not a directory
+    linked.symlink_to(outside)
     assert eval_sandbox.sweep_private_roots() == 2
     assert not dead_root.exists() and not reused.exists()
     assert (outside / "keep").exists() and outside.stat().st_mode & 0o777 == 0o755
-    assert live_root.exists() and unmarked.exists() and elsewhere.exists() and fifo.exists() and linked.exists()
+    assert live_root.exists() and elsewhere.exists() and cache.exists() and linked.is_symlink()
 
 
 def test_closing_removes_the_private_root_but_logs_with_something_to_say(tmp_path, monkeypatch):
@@ -243,7 +241,7 @@ def test_closing_removes_the_private_root_but_logs_with_something_to_say(tmp_pat
     e = ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path / "cache"), import_dirs=[str(tmp_path / "mods")],
                      eager_baseline=False)
     root = Path(e.log_dir).parent
-    assert root.parent == tmp_path and (root / "owner").exists()
+    assert root.parent == tmp_path and root.name.startswith(f"pacevolve-root-{os.getpid()}-")
     e.close()
     assert not root.exists()   # its logs were empty
     root = Path(eval_sandbox.private_root())
