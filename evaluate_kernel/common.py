@@ -245,17 +245,19 @@ def _mix(x):
 
 
 def _pairs(v):
-    """[m, 2k] -> [m, k]: the bottom level, each pair of words (a, b) to mix(a*G + b) ^ mix(b*G' + a).
+    """[m, 2k] -> [m, k]: the bottom level, each pair of words (a, b) to mix(a*G + b) ^ mix(rotl(b, 17)*G' + a).
     Every step above it is a bijection in either child, so from a committed digest one can compute what
     any one node below must have been; at the bottom that stops: given a and the node, no b is found but
     by trying all 2^64 (each of the two terms is a bijection of b, their XOR is not). A bottom of plain
     bijections (each word mixed, then pairs combined as above) let a forger solve for the last word of a
     right output given the rest, and retry the free low bits of its neighbours until that word too lay
-    within tolerance: about 2^38 tries for float32, seconds on a GPU."""
+    within tolerance: about 2^38 tries for float32, seconds on a GPU. The rotation: with b itself in the
+    second term, flipping the top bits of a and b together changed neither term (G and G' are odd, so
+    2^63 * (G + 1) = 0 mod 2^64): two float32 signs, or the sign of an odd row's last word, were free."""
     if v.shape[1] == 0:
         return v
     a, b = v[:, 0::2], v[:, 1::2]
-    return _mix(a * _GOLDEN + b) ^ _mix(b * _M1 + a)
+    return _mix(a * _GOLDEN + b) ^ _mix(((b << 17) | _shr(b, 47)) * _M1 + a)
 
 
 def _tree(v, host_values: int = 1 << 16):
