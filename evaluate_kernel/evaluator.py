@@ -61,8 +61,9 @@ def evaluate(reference_src: str, candidate_src: str, *, device: str = "cuda", **
 class Evaluator:
     """One per task: thread-safe; caches baselines per device; owns the reference workers.
 
-    log_dir: where worker logs go (default: a fresh directory private to this Evaluator), so an error shown
-    for a candidate comes only from that candidate's processes. import_dirs: put on every worker's import
+    log_dir: where worker logs go (default: a fresh directory private to this Evaluator, removed by close()
+    unless a log in it holds something), so an error shown for a candidate comes only from that candidate's
+    processes. import_dirs: put on every worker's import
     path (a problem file that imports a module beside it). key_dir: where the key that signs build markers
     lives (default eval_sandbox.default_key_dir(); hidden from candidates, so never the cache or a parent).
     """
