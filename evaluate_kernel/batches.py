@@ -95,12 +95,13 @@ class Batches:
         """(Reference worker.) The shipped outputs against ours for the same calls, and against the digests
         the runner committed to; a missing or unreadable output fails."""
         gc.collect(1)   # as ship() does in the runner: the reference's batch is over, this step is not timed
-        shipped = tensorfile.read(path) or {}   # missing, not a plain file, malformed: nothing shipped
         results = []
         for item in items:
-            got, ref = shipped.get(item["key"]), self.kept.pop(item["key"], None)
-            if not isinstance(got, list) or ref is None:
-                results.append({"ok": False, "reason": "an output the evaluator asked for is missing"})
+            ref = self.kept.pop(item["key"], None)
+            got = tensorfile.read(path, [item["key"]], tensorfile.bound(ref)).get(item["key"]) if ref is not None else None
+            if got is None:
+                results.append({"ok": False, "reason": "an output the evaluator asked for is missing, unreadable "
+                                "or far larger than the reference's"})
                 continue
             result = compare_outputs(got, ref, rtol, atol, l2_tol)
             if result["ok"] and digests([[o.to(self.device) for o in got]], self.weights)[0] != item["digest"]:

@@ -188,7 +188,8 @@ class Evaluation:
                 c, values = self._host_cand_batch(seed, n) if host else self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
                     return c
-                self._spent("candidate batch", t, sum(getattr(c, p) for p in clock.PHASES))
+                if not host:   # on the CPU the phases are CPU seconds, not the wall's
+                    self._spent("candidate batch", t, sum(getattr(c, p) for p in clock.PHASES))
                 cands.append(c)
                 if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
                     # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)

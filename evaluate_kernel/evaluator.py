@@ -395,8 +395,9 @@ class Evaluator:
 
     @property
     def fork_server(self) -> str:
-        """How builders and runners start: "on" (forked by the fork server), "starting", "off",
-        "no namespace" or "failed: why" (the last three: by exec, each importing torch)."""
+        """How workers (builders, runners, the reference worker, a GPU's prober) start: "on" (forked by the
+        fork server), "starting", "off", "no namespace" or "failed: why" (the last three: by exec, each
+        importing torch)."""
         return self._fork_problem or (self._forks.status if self._forks is not None else "starting")
 
     @property

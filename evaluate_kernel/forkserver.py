@@ -203,7 +203,9 @@ def serve() -> None:
     sys.path += [d for d in os.environ.get("PACEVOLVE_EVAL_PATH", "").split(os.pathsep) if d]
     try:
         import torch
-        if torch.version.cuda is None:   # a CUDA build's initialises the driver: its workers import it
+        # cpp_extension's import initialises a CUDA build's driver (a ROCm build's may do the same): there
+        # each worker imports it itself
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
             import torch.utils.cpp_extension  # noqa: F401
         from . import worker  # noqa: F401
         threads = len(os.listdir("/proc/self/task"))

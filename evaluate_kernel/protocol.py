@@ -32,7 +32,7 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | <-  | ready          | ref_names, device facts                  | reference loaded                         |
 | ref    | ->  | cmd=prepare    | items                                    | compute reference outputs ahead          |
 | ref    | <-  | prepared       | count                                    |                                          |
-| ref    | ->  | cmd=compare    | path, field, items, tolerances           | compare saved outputs (weights_only)     |
+| ref    | ->  | cmd=compare    | path, items, tolerances                  | compare saved outputs (a tensor file)    |
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
 | ref    | ->  | cmd=timing     | cpus, arena (CPU: the runner's file)     | a timing starts: fresh batches, on the   |
 | ref    | <-  | timing         |                                          | runner's cores                           |

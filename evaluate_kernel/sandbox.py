@@ -38,6 +38,7 @@ import signal
 import stat
 import sysconfig
 import tempfile
+import time
 
 MARK_ENV = "PACEVOLVE_EVAL_MARK"  # every worker's environment: <evaluator id>-<worker id>
 PACKAGE = "evaluate_kernel"
@@ -254,6 +255,7 @@ _REBUILD_ONLY = {".ninja_log", ".ninja_deps", "lock"}
 # inside: the name is fixed once /tmp is read-only to candidates, while any directory a candidate can write
 # (a cache that happens to be called pacevolve-*) could hold a forged file (tenth red team).
 _ROOT_PREFIX = "pacevolve-root-"
+LOGS_KEPT_S = 24 * 3600
 _ROOT_NAME = re.compile(r"^pacevolve-root-(\d+)-(\d+)-(\d+)-[^/]+$")
 
 
@@ -265,9 +267,10 @@ def private_root() -> str:
 
 
 def sweep_private_roots() -> int:
-    """Remove the private roots (this user's directories named by private_root) of processes that are gone;
-    the number removed. A root whose process lives, or whose process ran in another PID namespace (a
-    container sharing this /tmp: its pids mean nothing here), is left alone."""
+    """Remove the private roots (this user's directories named by private_root) of processes that are gone,
+    but for a log directory that says something and was written in the last LOGS_KEPT_S; the number
+    swept. A root whose process lives, or whose process ran in another PID namespace (a container sharing
+    this /tmp: its pids mean nothing here), is left alone."""
     tmp, removed, here = tempfile.gettempdir(), 0, _pid_namespace()
     for name in os.listdir(tmp):
         m = _ROOT_NAME.match(name)
@@ -279,7 +282,9 @@ def sweep_private_roots() -> int:
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and _started(int(m.group(1))) != m.group(2):
-            remove_tree(root)
+            logs = os.path.join(root, "logs")   # worker logs that say something stay a day, for whoever reads them
+            recent = _has_text(logs) and time.time() - os.lstat(logs).st_mtime < LOGS_KEPT_S
+            remove_tree(root, keep=logs if recent else None)
             removed += 1
     return removed
 

@@ -200,9 +200,13 @@ def independent_measurement(task, cand_ns) -> tuple[float, float | None]:
 # ------------------------------------------------------------------------------------------- phases
 
 def speedups_on(task, src: str, gpu: int, cache_dir: str, repeats: int, **opts) -> list[float]:
-    """The same (built) candidate's speedup, `repeats` evaluations on one GPU alone."""
+    """The same candidate's speedup, `repeats` evaluations on one GPU alone (the first builds it if the
+    cache lacks it; builds are not timed); a run that is not ok is printed, and left out."""
     with evaluate_kernel.Evaluator.for_task(task, gpus=[gpu], cache_dir=cache_dir, **opts) as ev:
         results = [ev.evaluate(src) for _ in range(repeats)]
+    for r in results:
+        if r.status != "ok":
+            print(f"  GPU {gpu}: {r.status}: {r.message[:200]}", flush=True)
     return [r.speedup for r in results if r.status == "ok"]
 
 
@@ -363,7 +367,9 @@ def main() -> int:
         if not over_budget():
             per_gpu = {g: speedups_on(task, src, g, tp_cache, args.repeats, **opts) for g in all_gpus}
             med = {g: statistics.median(v) for g, v in per_gpu.items() if v}
-            if len(med) == len(all_gpus):
+            if len(med) < len(all_gpus):
+                add("one candidate's speedup on each GPU", f"no ok evaluation on GPU(s) {sorted(set(all_gpus) - set(med))}")
+            else:
                 lo, hi = min(med.values()), max(med.values())
                 add("one candidate's speedup on each GPU",
                     "; ".join(f"GPU {g}: {med[g]:.4f}x ({', '.join(f'{x:.4f}' for x in per_gpu[g])})" for g in med)

@@ -127,47 +127,56 @@ def test_a_tensor_file_gives_back_the_exact_tensors(specs, seed):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "out.bin")
         tensorfile.write(path, {"0": tensors, "3:1": tensors[:1]})
-        back = tensorfile.read(path)
+        back = tensorfile.read(path, ["0", "3:1", "9"], 1 << 30)
     assert set(back) == {"0", "3:1"} and len(back["0"]) == len(tensors)
     for a, b in zip(tensors, back["0"]):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
 def test_a_tensor_file_that_lies_reads_as_nothing(tmp_path):
-    """The reader believes nothing in the file: no pickle, listed dtypes only, byte ranges that match the
-    dtype and shape and lie in the file, at most max_bytes in all (a header may declare terabytes), a plain
-    file only (a FIFO or a link read as missing); a bool byte other than 0 or 1 reads as True."""
+    """The reader believes nothing in the file: no pickle, torch dtypes by name only, byte ranges that match
+    the dtype and shape and lie in the file, shapes torch can make, only the keys asked for and at most
+    max_bytes of them (a header may declare terabytes, or junk beside the right outputs), a plain file only
+    (a FIFO or a link read as missing). A lie costs the lying key only: the others still read. Bool bytes
+    come back as written (the committed digests cover the raw bytes)."""
     import json
     import pickle
     from evaluate_kernel import tensorfile
     path = tmp_path / "f.bin"
 
-    def raw(header: dict, data: bytes = b"") -> None:
+    def raw(header, data: bytes = b"") -> None:
         head = json.dumps(header).encode()
         path.write_bytes(len(head).to_bytes(8, "little") + head + data)
 
+    def read(keys=("0",), max_bytes=1 << 20):
+        return tensorfile.read(str(path), list(keys), max_bytes)
+
     entry = {"dtype": "float32", "shape": [2], "offset": 0, "nbytes": 8}
     raw({"0": [entry]}, bytes(8))
-    assert tensorfile.read(str(path))["0"][0].tolist() == [0.0, 0.0]
-    for bad in ({"0": [dict(entry, nbytes=4)]}, {"0": [dict(entry, offset=8)]}, {"0": [dict(entry, dtype="object")]},
-                {"0": [dict(entry, dtype="__class__")]}, {"0": [dict(entry, shape=[-2])]}, {"0": [dict(entry, shape=[2.0])]},
-                {"0": [dict(entry, shape=[1 << 40], nbytes=4 << 40)]}, {"0": entry}, ["not", "a", "dict"]):
-        raw(bad, bytes(8))
-        assert tensorfile.read(str(path)) is None, bad
-    raw({"0": [entry]}, bytes(8))
-    assert tensorfile.read(str(path), max_bytes=4) is None
+    assert read()["0"][0].tolist() == [0.0, 0.0]
+    for bad in ([dict(entry, nbytes=4)], [dict(entry, offset=8)], [dict(entry, dtype="object")],
+                [dict(entry, dtype="__class__")], [dict(entry, dtype="Tensor")], [dict(entry, shape=[-2])],
+                [dict(entry, shape=[2.0])], [dict(entry, shape=[1 << 40], nbytes=4 << 40)],
+                [dict(entry, shape=[0, 10 ** 30], nbytes=0)], [dict(entry, shape=[1 << 61, 1 << 61, 0], nbytes=0)],
+                [dict(entry, shape=[1] * 100 + [2])], entry, "0"):
+        raw({"0": bad, "1": [entry]}, bytes(8))
+        assert read(["0", "1"]).keys() == {"1"}, bad
+    raw(["not", "a", "dict"], bytes(8))
+    assert read() == {}
+    raw({"0": [entry], "junk": [dict(entry, shape=[1 << 28], nbytes=1 << 30)]}, bytes(8))
+    assert read(max_bytes=8).keys() == {"0"} and read(max_bytes=4) == {}   # junk nobody asked for is not read
     deep = b"[" * 200_000 + b"]" * 200_000   # json's parser recurses: a RecursionError, not a ValueError
     path.write_bytes(len(deep).to_bytes(8, "little") + deep)
-    assert tensorfile.read(str(path)) is None
+    assert read() == {}
     path.write_bytes(pickle.dumps({"0": [torch.zeros(2)]}))
-    assert tensorfile.read(str(path)) is None
-    raw({"0": [{"dtype": "bool", "shape": [3], "offset": 0, "nbytes": 3}]}, bytes([0, 1, 2]))
-    assert tensorfile.read(str(path))["0"][0].tolist() == [False, True, True]
+    assert read() == {}
+    raw({"0": [{"dtype": "bool", "shape": [3], "offset": 0, "nbytes": 3}]}, bytes([0, 1, 255]))
+    assert read()["0"][0].view(torch.uint8).tolist() == [0, 1, 255]
     fifo, link = tmp_path / "fifo.bin", tmp_path / "link.bin"
     os.mkfifo(fifo)
     link.symlink_to(path)
-    assert tensorfile.read(str(fifo)) is None and tensorfile.read(str(link)) is None
-    assert tensorfile.read(str(tmp_path / "missing.bin")) is None
+    assert tensorfile.read(str(fifo), ["0"], 1 << 20) == {} and tensorfile.read(str(link), ["0"], 1 << 20) == {}
+    assert tensorfile.read(str(tmp_path / "missing.bin"), ["0"], 1 << 20) == {}
 
 
 # ------------------------------------------------------------------------------------------ private code
@@ -213,7 +222,8 @@ def test_the_private_copy_holds_the_whole_package():
 
 def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch):
     """An Evaluator killed before it could close leaves its private root (code copy, caches, logs) in the
-    temporary directory; the next Evaluator's start removes it. The root's name says who made it: roots of
+    temporary directory; the next Evaluator's start removes it (logs that say something after a day). The
+    root's name says who made it: roots of
     live processes or of another PID namespace stay, and so does any other directory, whatever it holds
     (a candidate that could write in a cache called pacevolve-* left a forged owner file there, a link to a
     directory to chmod, and a FIFO: tenth red team)."""
@@ -242,7 +252,13 @@ def test_a_private_root_of_a_process_that_is_gone_is_swept(tmp_path, monkeypatch
     linked = tmp_path / f"pacevolve-root-{gone.pid}-1-{ns}-link"   # a link, not a directory
     linked.symlink_to(outside)
     assert eval_sandbox.sweep_private_roots() == 2
-    assert not dead_root.exists() and not reused.exists()
+    assert not reused.exists()
+    # the dead root's logs say something: they stay a day, the rest goes at once
+    assert sorted(os.listdir(dead_root)) == ["logs"] and (dead_root / "logs" / "ref-0.log").exists()
+    day_ago = time.time() - eval_sandbox.LOGS_KEPT_S - 60
+    os.utime(dead_root / "logs", (day_ago, day_ago))
+    eval_sandbox.sweep_private_roots()
+    assert not dead_root.exists()
     assert (outside / "keep").exists() and outside.stat().st_mode & 0o777 == 0o755
     assert live_root.exists() and elsewhere.exists() and cache.exists() and linked.is_symlink()
 
