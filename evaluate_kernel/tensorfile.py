@@ -99,7 +99,7 @@ def _layout(e, torch):
     a torch dtype's name, a shape of at most 64 non-negative ints, an offset, nbytes = numel x itemsize."""
     if not isinstance(e, dict) or not isinstance(e.get("dtype"), str):
         return None
-    dtype = getattr(torch, e["dtype"], None)
+    dtype = _dtypes(torch).get(e["dtype"])
     shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
     if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or len(shape) > _MAX_DIMS \
             or not all(type(d) is int and 0 <= d < 1 << 62 for d in shape) \
@@ -111,6 +111,12 @@ def _layout(e, torch):
     if numel * dtype.itemsize != nbytes:
         return None
     return dtype, shape, offset, nbytes
+
+
+def _dtypes(torch) -> dict:
+    """torch's dtypes by name, from the module's own namespace: never getattr(torch, name), which for some
+    names imports a submodule (torch._inductor, torch._dynamo) in the reading process (eleventh red team)."""
+    return {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 def _uint8():

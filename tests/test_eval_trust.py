@@ -155,7 +155,8 @@ def test_a_tensor_file_that_lies_reads_as_nothing(tmp_path):
     raw({"0": [entry]}, bytes(8))
     assert read()["0"][0].tolist() == [0.0, 0.0]
     for bad in ([dict(entry, nbytes=4)], [dict(entry, offset=8)], [dict(entry, dtype="object")],
-                [dict(entry, dtype="__class__")], [dict(entry, dtype="Tensor")], [dict(entry, shape=[-2])],
+                [dict(entry, dtype="__class__")], [dict(entry, dtype="Tensor")], [dict(entry, dtype="_inductor")],
+                [dict(entry, shape=[-2])],
                 [dict(entry, shape=[2.0])], [dict(entry, shape=[1 << 40], nbytes=4 << 40)],
                 [dict(entry, shape=[0, 10 ** 30], nbytes=0)], [dict(entry, shape=[1 << 61, 1 << 61, 0], nbytes=0)],
                 [dict(entry, shape=[1] * 100 + [2])], entry, "0"):
@@ -163,6 +164,15 @@ def test_a_tensor_file_that_lies_reads_as_nothing(tmp_path):
         assert read(["0", "1"]).keys() == {"1"}, bad
     raw(["not", "a", "dict"], bytes(8))
     assert read() == {}
+    probe = subprocess.run([sys.executable, "-c", "import sys, json, tempfile, os\n"
+                            f"sys.path.insert(0, {str(REPO)!r})\n"
+                            "from evaluate_kernel import tensorfile\n"
+                            "p = os.path.join(tempfile.mkdtemp(), 'f.bin')\n"
+                            "h = json.dumps({'0': [{'dtype': '_inductor', 'shape': [], 'offset': 0, 'nbytes': 1}]}).encode()\n"
+                            "open(p, 'wb').write(len(h).to_bytes(8, 'little') + h + bytes(8))\n"
+                            "assert tensorfile.read(p, ['0'], 1 << 20) == {}\n"
+                            "print('torch._inductor' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "False", probe.stdout + probe.stderr   # a dtype name imports nothing
     raw({"0": [entry], "junk": [dict(entry, shape=[1 << 28], nbytes=1 << 30)]}, bytes(8))
     assert read(max_bytes=8).keys() == {"0"} and read(max_bytes=4) == {}   # junk nobody asked for is not read
     deep = b"[" * 200_000 + b"]" * 200_000   # json's parser recurses: a RecursionError, not a ValueError
