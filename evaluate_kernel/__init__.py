@@ -24,10 +24,13 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   again; the outputs of calls chosen after that are read from its stopped memory (/proc/PID/mem), into
   a directory hidden from candidates, and checked by the reference worker, with the inputs it wrote
   (host_batches.py, readout.py).
-- On a GPU every step of a batch (draw, calls, digest, the GPU's tail) is clocked, and a step that does
-  another's work is charged for it; every timed output is bound to its inputs by a digest (a hash tree)
-  sent before the evaluator chooses which outputs to check, and in every batch the chosen ones are
-  checked against the reference worker's outputs on the same inputs.
+- On a GPU, the same, through device memory the reference worker makes and shares with the runner by
+  file descriptor (vmm.py): it writes the inputs there and reads the chosen outputs there, the runners
+  stopped and the device drained (a trivial kernel of a third context runs at once three times in a
+  row); the batch's time is this process's clock from letting the runner go to stopping it, plus what
+  the device still had to do. Where such memory cannot be shared, the runner draws and digests itself:
+  every step is clocked and a step that does another's work is charged for it; every timed output is
+  bound to its inputs by a digest (a hash tree) sent before the evaluator chooses which to check.
 - The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference
   runs, and on a GPU the device must be idle (the wait is charged to the candidate) first.
 - The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
@@ -44,11 +47,12 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
 
-Not protected: on a GPU the runner draws its own inputs and digests its own outputs, by code it can
-replace, and a step is charged only beyond the reference worker's time for it: a leaner harness that fills
-the difference with the calls' work gains it (fourth red team: about 1.08x over the twin on a 10 us
-softmax, once 1.25x; nothing on conv_groupnorm). The cure is the CPU's, through GPU memory shared across
-the namespace (not built). Every set of a batch is in the runner's memory when its first call starts, so a
+Not protected: in the GPU's fallback protocol (no shared memory) the runner draws its own inputs and
+digests its own outputs, by code it can replace, and a step is charged only beyond the reference worker's
+time for it: a leaner harness that fills the difference with the calls' work gains it (fourth red team:
+about 1.08x over the twin on a 10 us softmax, once 1.25x; nothing on conv_groupnorm). On a GPU, work of
+the candidate's still running while the probes say idle would go unseen (three fast probes in a row are
+required; the GPU time-slices between contexts). Every set of a batch is in the runner's memory when its first call starts, so a
 candidate can compute several calls' outputs at once (the sixth red team measured no profit from it).
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
@@ -58,16 +62,19 @@ writable to candidates (and, without a namespace, /dev/shm). Not measured: energ
 GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
-conversation with a runner), verdict.py (what was measured, as an EvalResult), clock.py (pure: the speedup
-from the phases), device.py (a device slot: reference worker, spares, locks), sandbox.py (private code
-copy and roots, process sweep, build seal), namespace.py (the namespace's policy), forkserver.py (workers
-forked from a process with torch imported), readout.py (a CPU runner's outputs, read from its memory),
-stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message table, the parent's handle
-on a worker). Worker side: worker.py (the roles), host_batches.py (a CPU batch, both
-sides), batches.py (a GPU batch, both sides), inputs.py (inputs, models, output checks), build.py
-(load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py. Leaf: common.py (results, options,
-comparison, digests), tensorfile.py (tensors in a file a runner writes, read without a pickle), screen.py
-(the static first filter). Copying this folder is enough to vendor it
+conversation with a runner), timing.py (its timing, batch by batch), verdict.py (what was measured, as
+an EvalResult), clock.py (pure: the speedup from the phases), device.py (a device slot: reference worker,
+spares, regions, locks), sandbox.py (private code copy and roots, process sweep, build seal),
+namespace.py (the namespace's policy), forkserver.py (workers forked from a process with torch
+imported), readout.py (a runner's claim of where its outputs lie, checked; a CPU runner's outputs, read
+from its memory), stopped.py (a process stopped, its CPU time). Protocol: protocol.py (message table,
+the parent's handle on a worker). Worker side: worker.py (the roles), host_batches.py (a batch with its
+bookkeeping outside the runner, CPU and GPU, both sides), vmm.py (device memory shared by descriptor,
+the runner's pool over it), batches.py (the GPU's fallback batch, both sides), inputs.py (inputs,
+models, output checks), build.py (load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py.
+Leaf: common.py (results, options, comparison, digests), tensorfile.py (tensors in a file a runner
+writes, read without a pickle), screen.py (the static first filter). Copying this folder is enough to
+vendor it
 (standard library + torch; ninja and a compiler for C++/CUDA candidates).
 """
 from .build import FULL_HEADER_RETRY, arch_list_for, trim_compiler_output

@@ -13,7 +13,9 @@ step and reads its own clock when it sends and when the answer arrives:
 
 On the CPU a batch has one phase, the calls: the runner's inputs are written into its memory and its
 outputs read from it while it is stopped (host_batches.py), so its bookkeeping phases are zero on both
-sides and a batch's cost is its calls. On a GPU a batch's cost is its calls plus, for each bookkeeping phase, the phase's deviation from its side's
+sides and a batch's cost is its calls. On a GPU with shared memory the same, and two phases more: settle
+(before "go", the inputs written: until the device is idle) and probe (after the stop); a runner that says
+"done" before its work is over leaves the rest to the probe. On a GPU a batch's cost is its calls plus, for each bookkeeping phase, the phase's deviation from its side's
 median plus how much longer that median is than the reference's (never shorter):
 
     cost = calls + sum over phases of (phase - median of the side) + max(0, median of the side - median of the reference)

@@ -332,6 +332,8 @@ class Options:
     # leave a wake-up that fires on the reference's core, where its interrupt is the reference's CPU time)
     probe_ms: float = 0.2  # a trivial kernel slower than this (or 4x its idle time) after a batch: GPU busy
     drain_s: float = 5.0  # the GPU must be idle this soon after the candidate's batch ends
+    gpu_shared: bool = True  # a GPU runner's inputs and outputs in device memory the reference worker
+    # shares (vmm.py), where the machine allows it; False: the runner draws and digests them (batches.py)
     eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
     max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
     allow_tf32: bool = False

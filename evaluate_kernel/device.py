@@ -15,6 +15,7 @@ import signal
 import tempfile
 import threading
 
+from . import vmm
 from .common import lock_path, open_lock
 from .protocol import Worker
 
@@ -31,7 +32,12 @@ class Device:
         self.ref: Worker | None = None
         self.ref_lock = threading.Lock()
         self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
+        self.ref_starts = 0  # (GPU) regions belong to one reference worker: a runner's region, to the start it came from
         self.info = self._start_ref()
+        # (GPU) A runner's inputs and outputs lie in device memory the reference worker makes and reads
+        # (vmm.py, host_batches.py), where the driver and the kernel allow it; else the runner draws and
+        # digests them itself (batches.py). "yes", or why not.
+        self.shared = "off" if not ev.opts.gpu_shared else str(self.info.get("shared_memory", "no"))
         self.prober: Worker | None = None
         if ev.device == "cuda":
             self.prober = ev.spawn_ref(self.env(), os.path.join(ev.log_dir, f"probe-{index}.log"))
@@ -40,7 +46,7 @@ class Device:
                 self.info["probe_ms"] = float(self.prober.recv(timeout=300).get("probe_ms") or 0.05)
             except (TimeoutError, EOFError) as e:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
-        # (CPU) The reference is timed in a runner of its own (host_batches.py): start_ref_runner().
+        # (CPU; a GPU with shared memory) The reference is timed in a runner of its own (host_batches.py).
         self.ref_runner: Worker | None = None
         self._ref_runner_ready = False
         # Spares, oldest first: the first is prepared (CUDA up, reference loaded) while an evaluation runs,
@@ -52,8 +58,66 @@ class Device:
             self._prep(self.spares[0], self.gpu_lock_path)  # no lock held here: the spare takes it itself
 
     def _spawn(self) -> Worker:
-        """A runner process that imports torch at once, on the cores not reserved for timing."""
-        return self.ev.spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"))
+        """A runner process that imports torch at once, on the cores not reserved for timing (on a GPU with
+        shared memory, with a channel on which its region arrives when an evaluation takes it)."""
+        return self.ev.spawn_warm(self.env(), os.path.join(self.ev.log_dir, f"run-{secrets.token_hex(6)}.log"),
+                                  fd_channel=self.shared == "yes")
+
+    def region_layout(self) -> tuple[int, int]:
+        """(GPU) A runner's region: (bytes, of which the first hold a batch's inputs). The batch budget
+        (batch_bytes; by default 4 GiB or a twentieth of the device's memory, whichever is less) for the
+        inputs, as much for the outputs, and three times what a call of the reference allocates besides
+        its outputs (a candidate's temporaries, which its calls reuse, may be larger), at most a quarter
+        of the device's memory."""
+        total = int(self.info.get("total_mem") or 0)
+        budget = self.ev.opts.batch_bytes or max(256 << 20, min(4 << 30, total // 20))
+        temp = max(0, int(self.info.get("peak_bytes") or 0) - int(self.info.get("out_bytes") or 0))
+        size = max(2 * budget + 3 * temp + (256 << 20), 512 << 20)
+        if total:
+            size = min(size, total // 4)
+        mib2 = 2 << 20
+        return -(-size // mib2) * mib2, min(budget, size // 3) // mib2 * mib2
+
+    def give_region(self, w: Worker) -> str | None:
+        """(GPU) A new region from the reference worker, sent to runner w on its channel; or why not (the
+        evaluation then runs the digest protocol)."""
+        size, inputs = self.region_layout()
+        reply = self.ref_call({"cmd": "region", "size": size})
+        if reply.get("kind") != "region":
+            return f"the reference worker could not make the shared memory: {reply.get('error')}"
+        start, rid = self.ref_starts, reply["id"]
+        try:
+            fd = vmm.pidfd_getfd(self.ref.main_pid(), int(reply["fd"]))
+            try:
+                w.send_fd(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self._free_region(start, rid)
+            return f"its descriptor could not be passed on: {e}"
+        self.ref_call({"cmd": "region_taken", "id": rid})
+        w.region = (start, rid, int(reply["size"]), inputs)
+        w.on_kill = lambda: self._free_region(start, rid)
+        return None
+
+    def region_job(self, w: Worker) -> dict:
+        """What a runner's job says of its region."""
+        return {"channel": w.fd_channel, "size": w.region[2], "inputs": w.region[3]}
+
+    def _free_region(self, start: int, rid: int) -> None:
+        """(GPU) A runner is gone: its region goes (unless the reference worker that made it is gone too)."""
+        with self.ref_lock:
+            if start != self.ref_starts or self.ref is None or self.ref.proc.poll() is not None:
+                return
+            try:
+                self.ref.send({"cmd": "free_region", "id": rid})
+                self.ref.recv(timeout=60)
+            except (OSError, EOFError, ValueError):
+                pass
+
+    def _stale(self, w: Worker) -> bool:
+        """A runner whose region a reference worker that is gone made."""
+        return w.region is not None and w.region[0] != self.ref_starts
 
     def _prep(self, w: Worker, lock_path: str | None) -> None:
         w.send(self.ev.job("prep", device=self.ev.torch_device(), gpu_lock=lock_path))
@@ -104,11 +168,14 @@ class Device:
             w.discard()
 
     def reference_runner(self) -> Worker:
-        """(CPU) The runner that times the reference (Model) by the code and protocol a candidate's runner is
+        """(CPU; GPU with shared memory) The runner that times the reference (Model) by the code and protocol a candidate's runner is
         timed by: started with the device, started again after a death (counted with the reference
         worker's: either dying while a candidate runs rejects that candidate). Between its batches it is
         stopped."""
         w = self.ref_runner
+        if w is not None and w.proc.poll() is None and self._stale(w):
+            self._drop_ref_runner()
+            w = None
         if w is None or w.proc.poll() is not None:
             if w is not None:
                 self.ref_deaths += 1
@@ -129,12 +196,12 @@ class Device:
         return w
 
     def drop_ref_runner(self) -> None:
-        """(CPU) The reference's runner failed in a timing: it is replaced before the next one."""
+        """The reference's runner failed in a timing: it is replaced before the next one."""
         self.ref_deaths += 1
         self._drop_ref_runner()
 
     def start_ref_runner(self) -> None:
-        """(CPU) Start the reference's runner now (it gets ready while other work goes on)."""
+        """Start the reference's runner now (it gets ready while other work goes on)."""
         if self.ref_runner is None:
             self.ref_runner = self._start_ref_runner()
 
@@ -142,13 +209,18 @@ class Device:
         ev = self.ev
         w = self._spawn()
         w.work_dir = tempfile.mkdtemp(prefix="refrun-", dir=ev.cache_dir)
+        if self.shared == "yes":
+            problem = self.give_region(w)
+            if problem is not None:
+                self.shared = f"no: {problem}"
         self._prep(w, None)
         spec = {"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False,
                 "on_device": ev.opts.inputs_on_device}
         w.send(ev.job("run", mode="baseline", candidate_src=None, device=ev.torch_device(), trials=[spec],
                       build=ev.build_config(), poison_bytes=ev.opts.poison_bytes, env=ev.extension_env("baseline"),
                       cpus=ev.runner_cpus(self), on_device=ev.opts.inputs_on_device, no_processes=True,
-                      work_dir=w.work_dir, arena={"fd": w.arena[0], "size": w.arena[1]}))
+                      work_dir=w.work_dir, arena={"fd": w.arena[0], "size": w.arena[1]} if w.arena else None,
+                      region=self.region_job(w) if w.region else None))
         self._ref_runner_ready = False
         return w
 
@@ -200,6 +272,7 @@ class Device:
         return self.ev.env(**extra)
 
     def _start_ref(self) -> dict:
+        self.ref_starts += 1
         self.ref = self.ev.spawn_ref(self.env(), os.path.join(self.ev.log_dir, f"ref-{self.index}.log"))
         self.ref.send(self.ev.job("ref", device=self.ev.torch_device(), cpus=self.ev.other_cpus,
                                   on_device=self.ev.opts.inputs_on_device))

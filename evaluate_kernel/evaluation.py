@@ -9,12 +9,15 @@ Public flow, Evaluation.run():
               CPU: the reference worker writes a batch's inputs into the runner's input file; the runner
               runs "go" alone, timed by its CPU time (stopped.py); the reference is timed the same way in
               a runner of its own (host_batches.py).
-              GPU: "draw", "go", "digest" in the runner and in the reference worker, every step timed by
-              this process's clock; the reference worker waits until the device is idle before the
-              reference runs, the wait charged to the batch before it (batches.py)
+              GPU: the same through device memory the reference worker shares with both runners
+              (vmm.py), timed by this process's clock from letting the runner go to stopping it; the
+              device is drained before and after each batch, the waits charged (clock.py). Where that
+              memory cannot be shared: "draw", "go", "digest" in the runner and in the reference
+              worker, every step timed by this process's clock (batches.py)
     verify    after every candidate batch, untimed, calls chosen once the batch is over. CPU: their
               outputs read from the stopped runner's memory (readout.py), and from the reference's runner;
-              GPU: shipped by the runner, whose digests came first. The reference worker compares them
+              GPU: read by the reference worker from both regions (fallback: shipped by the runner,
+              whose digests came first). The reference worker compares them
     verdict   every figure finite and positive, or a rejection that says which
 
 Nothing the runner says is believed: its outputs count as the reference worker judges them; its only
@@ -24,28 +27,26 @@ runs the reference's own Model in a runner by the same protocol: its speedup is 
 """
 from __future__ import annotations
 
-import gc
-import math
 import os
 import secrets
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 
-from . import clock, readout, verdict
-from .common import _DISTS, EvalResult, _remove
+from . import readout, verdict
+from .common import _DISTS, EvalResult
 from .verdict import failure as _failure, forged as _forged
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
-from .stopped import cpu_seconds, stop
+from .stopped import stop
 from .sandbox import find_processes, kill_processes
+from .timing import Timing, _Answered
 
 
-class Evaluation:
+class Evaluation(Timing):
     """One candidate (src) or the baseline (src None: the reference Model) on one device slot."""
 
     def __init__(self, ev, dev: Device, src: str | None, source_hash: str, details: dict, locked: bool = False):
@@ -64,8 +65,9 @@ class Evaluation:
         self._frozen = False
         self._main: int | None = None
         self.mem: readout.Memory | None = None     # (CPU, timing) the runner's memory
-        self.rr: Worker | None = None               # (CPU) the reference's runner, and its memory
-        self.rr_mem: readout.Memory | None = None
+        self.rr: Worker | None = None               # the reference's runner (CPU; GPU with shared memory),
+        self.rr_mem: readout.Memory | None = None   # (CPU) its memory,
+        self._ref_claim: readout.Claim | None = None   # (GPU) and its last claim of where its outputs lie
         self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride,
         self._ref_views: set[int] = set()          # and those it returns as views of its inputs
 
@@ -82,6 +84,12 @@ class Evaluation:
                 self.w = self.dev.take_runner()
                 if self.w.arena is not None:
                     self.job["arena"] = {"fd": self.w.arena[0], "size": self.w.arena[1]}
+                if self.dev.shared == "yes" and self.w.fd_sock is not None:   # (GPU) its region, made now
+                    problem = self.dev.give_region(self.w)
+                    if problem is None:
+                        self.job["region"] = self.dev.region_job(self.w)
+                    else:
+                        self.details["shared_memory"] = problem
                 prepare = self._prepare()
                 try:
                     return self._drive(prepare)
@@ -143,253 +151,7 @@ class Evaluation:
         finally:
             self.details["time_s"] = round(time.monotonic() - t0, 3)
 
-    # ------------------------------------------------------------------------------------------ timing
-    def _time(self) -> dict | EvalResult:
-        """Alternate batches until the interval is narrow enough; returns what _verify and _verdict need."""
-        opts, dev = self.opts, self.dev
-        gpu = self.ev.device == "cuda"
-        target = opts.target_ci if opts.target_ci is not None else (0.005 if gpu else 0.02)
-        budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 2.0)
-        budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
-        per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
-        host = not gpu
-        extra = {}
-        if host:   # the input files of both runners, which the reference worker opens through us
-            self.rr = dev.reference_runner()
-            extra["arenas"] = {side: {"path": f"/proc/{os.getpid()}/fd/{w.arena[0]}", "size": w.arena[1]}
-                               for side, w in (("runner", self.w), ("reference", self.rr))}
-        dev.ref_call({"cmd": "timing", "cpus": self.cpus, **extra})   # fresh batches, on the runner's cores
-        _NoCollections.hold()
-        try:
-            bad = self._freeze()
-            if bad is not None:
-                return bad
-            if host:
-                self.rr_mem = readout.Memory(self.rr.main_pid())
-                try:
-                    self.mem = readout.Memory(self.main)
-                except OSError as e:
-                    return EvalResult("rejected", message=f"rejected: the runner's memory cannot be read ({e.strerror}): "
-                                      "a candidate may not make its process unreadable (if every candidate gets this, "
-                                      "the machine forbids reading a child's memory: Yama's ptrace_scope above 1)",
-                                      details=self.details)
-            cands, checks = [], []
-            ref_ms = dev.ref_ms
-            if ref_ms is None:   # the baseline's run: the reference alone first, to size the batches
-                r0 = self._calibrate(budget, per_call_bytes)
-                ref_ms = r0.calls / r0.n * 1e3
-            n = clock.calls_per_batch(ref_ms, None, per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget)
-            first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
-            refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
-            started, f = time.monotonic(), None
-            for i in range(opts.max_pairs + 1):
-                seed = secrets.randbits(31)
-                t = time.monotonic()
-                c, values = self._host_cand_batch(seed, n) if host else self._cand_batch(seed, n, i)
-                if isinstance(c, EvalResult):
-                    return c
-                if not host:   # on the CPU the phases are CPU seconds, not the wall's
-                    self._spent("candidate batch", t, sum(getattr(c, p) for p in clock.PHASES))
-                cands.append(c)
-                if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
-                    # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
-                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical([c]),
-                                                                                 clock.typical(refs[-1:])),
-                                                          per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
-                else:
-                    n_next = n
-                # The calls to check, chosen now that their digests (on the CPU: the stopped runner's claim of
-                # where its outputs lie) are in.
-                chosen = self._choose(c.n, n_next)
-                if host:
-                    path = os.path.join(self.readout_dir, f"read-{i}.out")
-                    problem = readout.write(path, self.mem, values, chosen)
-                    if problem is not None:
-                        return _forged(self.details, problem)
-                    refs.append(self._host_ref_batch(seed, n_next, chosen))
-                    step, base = values.layout["set_bytes"], values.layout["base"]
-                    items = [{"key": f"{i}:{j}", "call": j, "inputs": [base + j * step, step]} for j in chosen]
-                else:
-                    t = time.monotonic()
-                    path = os.path.join(self.job["work_dir"], f"shipped-{i}.bin")
-                    self.w.send({"cmd": "ship", "path": path, "calls": chosen})
-                    self._reply("shipped")
-                    t = self._spent("ship", t)
-                    bad = self._stop_runner(c)
-                    if bad is not None:
-                        return bad
-                    t = self._spent("stop", t, c.probe)
-                    refs.append(self._ref_batch(seed, n_next, i, {"batch": i, "calls": chosen}))
-                    self._spent("reference batch", t, sum(getattr(refs[-1], p) for p in clock.PHASES))
-                    items = [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen]
-                t = time.monotonic()
-                bad = self._check(path, items, checks)
-                if bad is not None:
-                    return bad
-                self._spent("check", t)
-                n = n_next
-                f = clock.figures(refs, cands)
-                out_of_time = time.monotonic() - started > budget_s and f is not None   # one pair counts, always
-                if clock.enough(f, target, opts.min_pairs) or out_of_time:
-                    break
-            if gpu:
-                self.details["probe_idle_ms"] = dev.info.get("probe_ms")
-            return {"figures": f, "refs": refs, "cands": cands}
-        finally:
-            _NoCollections.release()
-            self._thaw()
-            for mem in (self.mem, self.rr_mem):
-                if mem is not None:
-                    mem.close()
-            self.mem = self.rr_mem = None
-            dev.ref_call({"cmd": "pin", "cpus": None})
-
-    def _calibrate(self, budget: int, per_call_bytes: int) -> clock.Batch:
-        """The reference alone, a few batches growing until one lasts about a quarter of batch_ms: its
-        time per call sizes the batches (the baseline's run; candidates reuse that figure). The last one
-        is the first reference batch of the alternation."""
-        n, n_max = 1, max(1, budget // max(1, per_call_bytes))
-        for _ in range(8):
-            seed = secrets.randbits(31)
-            b = self._host_ref_batch(seed, n) if self.ev.device != "cuda" else self._ref_batch(seed, n, -1, None)
-            ms = b.calls * 1e3
-            if ms >= self.opts.batch_ms / 4 or n >= n_max:
-                break
-            n = min(n_max, max(2 * n, math.ceil(n * self.opts.batch_ms / 2 / max(ms, 1e-3))))
-        return b
-
-    def _clock(self, pid: int):
-        """What a batch's steps are timed by: this process's clock on a GPU; on the CPU the worker's own CPU
-        time (every thread), which a busy neighbour taking the core does not inflate."""
-        if self.ev.device == "cuda":
-            return time.monotonic
-        return lambda: cpu_seconds(pid)
-
-    def _ref_batch(self, seed: int, n: int, batch: int, keep: dict | None) -> clock.Batch:
-        b = clock.Batch("ref", n)
-        call, now = self.dev.ref_call, self._clock(self.dev.ref.main_pid())
-        t = now()
-        self._expect(call({"cmd": "draw", "seed": seed, "n": n, "batch": batch, "keep": keep}), "drawn")
-        t = self._lap(b, "draw", t, now)
-        self._expect(call({"cmd": "go"}), "done")
-        t = self._lap(b, "calls", t, now)
-        if self.ev.device == "cuda":
-            self._drain(b, "settle")
-            t = now()
-        self._expect(call({"cmd": "digest"}), "digests")
-        self._lap(b, "digest", t, now)
-        if self.ev.device == "cuda":
-            self._drain(b, "probe")
-        return b
-
-    def _cand_batch(self, seed: int, n: int, batch: int):
-        """One batch of the runner's: (Batch, the digests it committed to) or (a rejection, None)."""
-        b = clock.Batch("cand", n)
-        self._thaw()
-        now = self._clock(self.main)
-        t = now()
-        self.w.send({"cmd": "draw", "seed": seed, "n": n, "batch": batch})
-        self._reply("drawn")
-        t = self._lap(b, "draw", t, now)
-        self.w.send({"cmd": "go"})
-        self._reply("done")
-        t = self._lap(b, "calls", t, now)
-        if self.ev.device == "cuda":   # work still running on any stream after "done" is the calls'
-            bad = self._drain(b, "settle")
-            if bad is not None:
-                return bad, None
-            t = now()
-        self.w.send({"cmd": "digest"})
-        msg = self._reply("digests")
-        self._lap(b, "digest", t, now)
-        values = msg.get("digests")
-        if not isinstance(values, list) or len(values) != n or not all(type(v) is int for v in values):
-            return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
-        return b, values
-
-    def _host_ref_batch(self, seed: int, n: int, chosen: list[int] | None = None) -> clock.Batch:
-        """(CPU) A batch of the reference's runner, timed as the candidate's are (_host_cand_batch); with
-        `chosen`, the outputs of those calls, read from it afterwards, are what the candidate's are checked
-        against. Its failure is the reference's: RuntimeError, and a new runner for the next timing."""
-        rr = self.rr
-        layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference"}),
-                              "filled")["layout"]
-        try:
-            pid = rr.main_pid()
-            stop(pid)   # stopped already, except in its first batch
-            b = clock.Batch("ref", n)
-            t = cpu_seconds(pid, stopped=True)
-            rr.send({"cmd": "go", "layout": layout})
-            os.kill(pid, signal.SIGCONT)
-            reply = rr.recv(self.opts.run_timeout_s)
-            stop(pid)
-            b.calls = cpu_seconds(pid, stopped=True) - t
-            if reply.get("kind") != "done":
-                raise RuntimeError(f"the reference's runner answered {reply.get('kind')}: {reply.get('error')}")
-            if self._ref_geometry is None:
-                st = os.fstat(rr.arena[0])
-                self._ref_geometry = reply["geometry"]
-                self._ref_views = readout.views_of_inputs(reply, readout.mappings(pid, st.st_dev, st.st_ino))
-            if chosen is not None:
-                c = readout.claim(reply, n, self._ref_geometry)
-                if isinstance(c, str) or readout.write(self._ref_path, self.rr_mem, c, chosen) is not None:
-                    raise RuntimeError(f"the reference's outputs could not be read: {c}")
-        except (EOFError, TimeoutError, OSError, RuntimeError) as e:
-            self.dev.drop_ref_runner()
-            raise RuntimeError(f"the reference's runner failed ({e!r})") from None
-        return b
-
-    def _host_cand_batch(self, seed: int, n: int):
-        """(CPU) One batch of the runner's: (Batch, its checked claim of where its outputs lie) or (a
-        rejection, None). Its inputs are written into its file while it is stopped (the reference's runner
-        gets the same ones next); it runs only inside its one step, whose CPU time is read with it stopped
-        before and after."""
-        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "runner"}), "filled")
-        b = clock.Batch("cand", n)
-        t = cpu_seconds(self.main, stopped=True)
-        self.w.send({"cmd": "go", "layout": reply["layout"]})
-        self._thaw()
-        msg = self._reply("done")
-        bad = self._freeze()
-        if bad is not None:
-            return bad, None
-        b.calls = cpu_seconds(self.main, stopped=True) - t
-        st = os.fstat(self.w.arena[0])
-        c = readout.claim(msg, n, self._ref_geometry or [], readout.mappings(self.main, st.st_dev, st.st_ino),
-                          self._ref_views)
-        if isinstance(c, str):
-            return _forged(self.details, c), None
-        c.layout = reply["layout"]
-        return b, c
-
-    def _stop_runner(self, b: clock.Batch) -> EvalResult | None:
-        """The runner stopped, and (GPU) the device drained before the reference runs: the wait is the
-        candidate batch's probe step."""
-        bad = self._freeze()
-        if bad is None and self.ev.device == "cuda":
-            bad = self._drain(b, "probe")
-        return bad
-
-    def _drain(self, b: clock.Batch, phase: str) -> EvalResult | None:
-        """(GPU) Probe until a trivial kernel of the prober's (a context of its own, so either side pays
-        the same switches) runs at once: the device holds no one's work. The time it takes is the batch's
-        `phase` (settle: after "done"; probe: after the digests); its excess over the usual is charged."""
-        t = time.monotonic()
-        limit = max(self.opts.probe_ms, 4 * float(self.dev.info.get("probe_ms") or 0.05))
-        while True:
-            if self.dev.probe_ms() <= limit:
-                setattr(b, phase, time.monotonic() - t)
-                return None
-            if time.monotonic() - t > self.opts.drain_s:
-                return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
-                                  "after the candidate's calls returned: work left running after a call is part "
-                                  "of the call", details=self.details)
-
-    @property
-    def _ref_path(self) -> str:
-        """(CPU) Where the reference's outputs of the checked calls are read to."""
-        return os.path.join(self.readout_dir, "read-reference.out")
-
+    # ------------------------------------------------------------------------------------------ the runner
     @property
     def main(self) -> int:
         """The runner's Python process (in a namespace, the namespace's first process)."""
@@ -436,33 +198,7 @@ class Evaluation:
             except ProcessLookupError:
                 pass
 
-    def _choose(self, n_cand: int, n_ref: int) -> list[int]:
-        """The calls whose outputs will be checked, chosen now that their digests are in: every batch, so
-        no batch is known in advance to go unchecked."""
-        k = max(1, min(self.opts.verify_per_batch, n_cand, n_ref))
-        return sorted(secrets.SystemRandom().sample(range(min(n_cand, n_ref)), k))
-
-    # ------------------------------------------------------------------------------------------ verify, verdict
-    def _check(self, path: str, items: list[dict], checks: list) -> EvalResult | None:
-        """The shipped (GPU) or read (CPU) outputs against the reference's for the same calls (its last
-        batch ran the same inputs), and against the digests the runner committed to (GPU) or the inputs
-        as written (CPU). An empty or short check fails."""
-        reply = self.dev.ref_call({"cmd": "check", "path": path, "ref_path": self._ref_path, "items": items,
-                                   "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol})
-        _remove(path)
-        _remove(self._ref_path)
-        results = reply.get("results") or []
-        if not items or reply.get("kind") != "checked" or len(results) != len(items):
-            return _forged(self.details, "the timed outputs could not be verified")
-        checks += [{"call": it["key"], "ok": r["ok"]} for it, r in zip(items, results)]
-        self.details["timed_checks"] = checks
-        for it, r in zip(items, results):
-            if not r["ok"]:
-                return EvalResult("incorrect", message=f"timed call {it['key']} (batch:call) returned a wrong result "
-                                  f"(outputs cached, skipped or computed after their batch?): {r['reason']}",
-                                  details=self.details)
-        return None
-
+    # ------------------------------------------------------------------------------------------ verdict
     def _verdict(self, timed: dict) -> EvalResult:
         return verdict.from_timing(timed, self.ev.device, self.details)
 
@@ -517,19 +253,6 @@ class Evaluation:
             raise RuntimeError(f"reference worker error: {reply.get('error')}")
         return reply
 
-    @staticmethod
-    def _lap(b: clock.Batch, phase: str, since: float, now=time.monotonic) -> float:
-        t = now()
-        setattr(b, phase, t - since)
-        return t
-
-    def _spent(self, step: str, since: float, counted: float = 0.0) -> float:
-        """Seconds of the timing outside the batches' steps, by what they went to (diagnostics only)."""
-        now = time.monotonic()
-        spent = self.details.setdefault("timing_overhead_s", {})
-        spent[step] = round(spent.get(step, 0.0) + max(0.0, now - since - counted), 4)
-        return now
-
     def _mark(self, name: str, since: float) -> float:
         now = time.monotonic()
         self.phases[name] = round(now - since, 3)
@@ -544,38 +267,6 @@ class Evaluation:
             self.phases["trials"] = round(marks["trials_done"] - marks["candidate_loaded"], 3)
         if msg.get("confined") is not None:
             self.details["confined"] = str(msg["confined"] or "yes")[:200]
-
-
-class _NoCollections:
-    """This process's cyclic garbage collector, off while any of its evaluations is timing: a collection
-    in a process that runs a search walks its whole heap, tens of milliseconds, charged to whichever
-    side's step it falls in. The collector is the process's, so is this count of the timings holding it."""
-    _lock = threading.Lock()
-    _holders = 0
-    _was_enabled = True
-
-    @classmethod
-    def hold(cls) -> None:
-        with cls._lock:
-            if cls._holders == 0:
-                cls._was_enabled = gc.isenabled()
-                gc.disable()
-            cls._holders += 1
-
-    @classmethod
-    def release(cls) -> None:
-        with cls._lock:
-            cls._holders -= 1
-            if cls._holders == 0 and cls._was_enabled:
-                gc.enable()
-
-
-class _Answered(Exception):
-    """The runner answered out of turn (an error report, or a forged kind)."""
-
-    def __init__(self, msg: dict):
-        super().__init__(msg.get("kind"))
-        self.msg = msg
 
 
 def trial_specs(opts) -> list[dict]:

@@ -149,8 +149,8 @@ class Evaluator:
         # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
         # trusted process outside it brings the header up to date once, while the baseline is measured.
         self._pch_ready = self.helpers.submit(self._prepare_pch) if self._namespace else None
-        if device != "cuda":   # the CPU's reference is timed in a runner of its own (host_batches.py)
-            for dev in self.devices:
+        for dev in self.devices:   # the reference is timed in a runner of its own (host_batches.py)
+            if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()
         if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
             for dev in self.devices:
@@ -369,17 +369,20 @@ class Evaluator:
         return self.spawn_warm(self.env(CUDA_VISIBLE_DEVICES=""),
                                 os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
 
-    def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False, forked_ref: bool = False) -> Worker:
+    def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False, forked_ref: bool = False,
+                   fd_channel: bool = False) -> Worker:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
         (builders and runners: they run candidate code) start in the namespace when there is one. Every
         worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
         self._check_code()
         # A CPU runner's inputs arrive in a shared-memory file the reference worker writes (host_batches.py):
-        # made here, so the runner holds it from its start and the reference worker opens it through us.
+        # made here, so the runner holds it from its start and the reference worker opens it through us. (A
+        # GPU runner's region comes later, on its fd_channel: Device.give_region.)
         arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
         return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
                       namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
-                      dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None)
+                      dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None,
+                      fd_channel=fd_channel)
 
     def _start_fork_server(self) -> None:
         """(On the spawner thread, first of all.) The fork server, or why there is none (workers then
@@ -415,11 +418,11 @@ class Evaluator:
         except RuntimeError:  # the spawner is shut down: closing
             return self.new_worker(env, log_path)
 
-    def spawn_warm(self, env: dict[str, str], log_path: str) -> Worker:
+    def spawn_warm(self, env: dict[str, str], log_path: str, fd_channel: bool = False) -> Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the
         thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived."""
         def start() -> Worker:
-            w = self.new_worker(env, log_path, warm=True)
+            w = self.new_worker(env, log_path, warm=True, fd_channel=fd_channel)
             if self.other_cpus:
                 try:
                     os.sched_setaffinity(w.proc.pid, self.other_cpus)

@@ -1,19 +1,23 @@
-"""Worker side, on the CPU: batches whose bookkeeping happens outside the processes that are timed.
+"""Worker side: batches whose bookkeeping happens outside the processes that are timed (the CPU, and a GPU
+where its memory can be shared by file descriptor: vmm.py).
 
 Both sides are timed in runners, the same kind of process running the same code: the candidate's runner
 (ModelNew) and the reference's (Model, one per device, kept for the Evaluator's life). The reference
-worker draws a batch's inputs from the parent's seed and writes them into the shared-memory file of the
-runner whose batch comes next (each runner's file is made by the parent when it starts the runner). A
-runner's whole part of a batch is go(): views over its file, n calls back to back, the outputs'
-addresses. The parent reads the runner's CPU time with it stopped before and after that step, and
-afterwards reads the outputs of the calls it chose from the stopped runners' memory (readout.py). Once
-timing starts a runner runs only inside go(): no drawing or digesting of its own that a leaner harness
-could shorten, and no untimed step to hide work in.
+worker draws a batch's inputs from the parent's seed and writes them into the memory of the runner whose
+batch comes next: on the CPU a shared-memory file the parent made when it started the runner, on a GPU a
+region of device memory the reference worker made and the runner maps. A runner's whole part of a batch
+is go(): views over that memory, n calls back to back, where the outputs lie (on a GPU, allocated in the
+same region, one synchronise at the end). The parent times that step with the runner stopped before and
+after it (CPU: its CPU time; GPU: the parent's clock, and the device drained after it), and afterwards the
+outputs of the calls it chose are read from the stopped runner's memory (CPU: readout.py; GPU: by the
+reference worker, from its own mapping of the region). Once timing starts a runner runs only inside
+go(): no drawing or digesting of its own that a leaner harness could shorten, and no untimed step to
+hide work in.
 
     fill(seed, n, target)   (reference worker; untimed, the runners stopped) draw n sets (or reuse the
-                            last seed's), write them into the target runner's file
+                            last seed's), write them into the target runner's memory
     go(layout)              (a runner, timed) free the last batch, views, n calls, addresses
-    check(path, ref_path)   (reference worker) the candidate's outputs against the reference's, and its
+    check(...)              (reference worker) the candidate's outputs against the reference's, and its
                             inputs as written
 
 The reference worker itself (a long-lived process that also draws, compares trials and holds their
@@ -62,23 +66,7 @@ class Arena:
     def views(self, layout: dict) -> list[list]:
         """The n input sets of a layout as tensors over the mapping (no copy)."""
         import torch
-        n, step = int(layout["n"]), int(layout["set_bytes"])
-        cols = []
-        for item in layout["items"]:
-            if "value" in item:
-                cols.append([item["value"]] * n)
-            elif "values" in item:
-                cols.append(item["values"])
-            else:
-                dtype = torch_dtype(item["dtype"])
-                size = torch.empty((), dtype=dtype).element_size()
-                flat = self._flat.get(dtype)
-                if flat is None:
-                    flat = self._flat[dtype] = torch.frombuffer(self.map, dtype=torch.uint8).view(dtype)
-                big = flat.as_strided([n, *item["shape"]], [step // size, *item["stride"]],
-                                      (int(layout["base"]) + int(item["offset"])) // size)
-                cols.append(big.unbind(0))
-        return [list(xs) for xs in zip(*cols)]
+        return _views(self._flat, lambda: torch.frombuffer(self.map, dtype=torch.uint8), layout)
 
     def write(self, block, base: int) -> None:
         """(Reference worker.) The batch's bytes at base, by pwrite: no page of the mapping is touched
@@ -89,13 +77,50 @@ class Arena:
             done += os.pwrite(self.fd, view[done:], base + done)
 
 
+class GpuArena:
+    """(GPU) A region of device memory shared with the reference worker (vmm.Region): a batch's input sets
+    at a layout below `inputs` bytes, the runner's allocations in the calls above it."""
+
+    def __init__(self, region, inputs: int):
+        self.region, self.size, self.inputs = region, inputs, inputs   # size: what a layout may fill
+        self.base = region.ptr
+        self._flat: dict = {}
+
+    def views(self, layout: dict) -> list[list]:
+        return _views(self._flat, lambda: self.region.bytes, layout)
+
+    def write(self, block, base: int) -> None:
+        """(Reference worker.) The batch's bytes at base (a device-to-device copy)."""
+        self.region.bytes[base:base + block.numel()].copy_(block)
+
+    def read(self, offset: int, geometry: list):
+        """(Reference worker.) An output the runner said lies at offset, as a tensor over the region (no
+        copy; the claim was checked to lie inside, aligned)."""
+        import torch
+        dtype, shape, stride = geometry
+        t = torch_dtype(dtype)
+        size = torch.empty((), dtype=t).element_size()
+        span = _extent_of(shape, stride) * size
+        flat = self.region.bytes[offset:offset + max(span, size)].view(t)
+        return flat.as_strided(shape, stride) if span else torch.empty(shape, dtype=t, device=flat.device)
+
+    def intact(self, at: int, expected) -> bool:
+        import torch
+        return bool(torch.equal(self.region.bytes[at:at + expected.numel()], expected))
+
+    def close(self) -> None:
+        self._flat.clear()   # the region itself is the reference worker's, kept across timings
+
+
 class HostBatches:
     """(A runner: the candidate's, or the reference's own.) The batches it runs, on the CPU."""
 
-    def __init__(self, model, arena: Arena, call):
+    def __init__(self, model, arena, call, pool=None):
         from .batches import hold_collections
         hold_collections()
         self.model, self.arena, self.call = model, arena, call   # call: batches.module_call(), taken early
+        self.pool = pool   # (GPU) the MemPool over the arena's output part (vmm.Pool)
+        self.base = getattr(arena, "base", 0)   # (GPU) addresses are told as offsets into the region
         self.outs: list = []
 
     def go(self, layout: dict) -> dict:
@@ -105,22 +130,29 @@ class HostBatches:
         self.outs = []
         sets = self.arena.views(layout)
         model, call = self.model, self.call
-        with torch.no_grad():
-            outs = [call(model, *xs) for xs in sets]
+        if self.pool is None:
+            with torch.no_grad():
+                outs = [call(model, *xs) for xs in sets]
+        else:
+            with torch.no_grad(), torch.cuda.use_mem_pool(self.pool):
+                outs = [call(model, *xs) for xs in sets]
+            torch.cuda.synchronize()
         self.outs = outs
         first = _flat(outs[0]) if outs else []
-        return {"pointers": [[t.data_ptr() for t in _flat(o)] for o in outs],
+        base = self.base
+        return {"pointers": [[t.data_ptr() - base for t in _flat(o)] for o in outs],
                 "geometry": [[str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride())] for t in first]}
 
 
 class HostInputs:
-    """(The reference worker.) The inputs of a timing's batches, written into both runners' files, and the
-    check of what the parent read from them."""
+    """(The reference worker.) The inputs of a timing's batches, written into both runners' memories, and
+    the check of their outputs (CPU: what the parent read from them; GPU: read here, from the regions)."""
 
-    def __init__(self, ref_ns: dict, arenas: dict[str, Arena]):
+    def __init__(self, ref_ns: dict, arenas: dict, device=None, on_device: bool = True):
         from .batches import hold_collections
         hold_collections()
-        self.ref_ns, self.arenas = ref_ns, arenas
+        self.ref_ns, self.arenas = ref_ns, arenas   # "runner", "reference": Arena (CPU) or GpuArena
+        self.device, self.on_device = device, on_device   # None: the CPU
         self.drawn: tuple | None = None   # ((seed, n), layout, bytes) of the last draw
 
     def fill(self, seed: int, n: int, target: str) -> dict:
@@ -133,7 +165,12 @@ class HostInputs:
         if self.drawn is None or self.drawn[0] != (seed, n):
             self.drawn = None   # the last batch's bytes go before the next are drawn
             with torch.no_grad():
-                sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False, mixed=True)
+                if self.device is None:
+                    sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False, mixed=True)
+                else:
+                    from .batches import reset_persisting_l2
+                    reset_persisting_l2(self.device)   # no line of the last batch stays persisting in L2
+                    sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device, mixed=True)
             self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values())))
         _, layout, block = self.drawn
         self.arenas[target].write(block, layout["base"])
@@ -164,11 +201,30 @@ class HostInputs:
             results.append(result)
         return results
 
+    def check_regions(self, items: list[dict], geometry: list, ref_geometry: list, rtol: float, atol: float,
+                      l2_tol: float) -> list[dict]:
+        """(GPU) As check(), the outputs read here from both runners' regions, at the offsets the parent
+        checked (readout.claim) while both runners were stopped and the device idle."""
+        import gc
+        gc.collect(1)
+        cand, ref = self.arenas["runner"], self.arenas["reference"]
+        results = []
+        for item in items:
+            got = [cand.read(off, g) for off, g in zip(item["cand"], geometry)]
+            want = [ref.read(off, g) for off, g in zip(item["ref"], ref_geometry)]
+            result = compare_outputs(got, want, rtol, atol, l2_tol)
+            if result["ok"] and not self._inputs_intact(item["call"], *item["inputs"]):
+                result = {"ok": False, "reason": "the call changed its inputs (a timed call may not write into them)"}
+            results.append(result)
+        return results
+
     def _inputs_intact(self, j: int, at: int, nbytes: int) -> bool:
-        """The candidate runner's file holds, for set j, the bytes written there."""
+        """The candidate runner's memory holds, for set j, the bytes written there."""
         block = self.drawn[2] if self.drawn is not None else None
         if block is None or (j + 1) * nbytes > len(block):
             return False
+        if self.device is not None:
+            return self.arenas["runner"].intact(at, block[j * nbytes:(j + 1) * nbytes])
         return os.pread(self.arenas["runner"].fd, nbytes, at) == block[j * nbytes:(j + 1) * nbytes].numpy().tobytes()
 
 
@@ -184,7 +240,7 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
         if isinstance(x, torch.Tensor):
             name = str(x.dtype).removeprefix("torch.")
             if name not in DTYPE_SIZES:
-                raise ValueError(f"input {j} has dtype {x.dtype}, which the CPU timing cannot lay out")
+                raise ValueError(f"input {j} has dtype {x.dtype}, which the timing cannot lay out")
             items.append({"dtype": name, "shape": list(x.shape), "stride": list(x.stride()), "offset": offset,
                           "nbytes": _extent(x) * x.element_size()})
             offset += -(-items[-1]["nbytes"] // ALIGN) * ALIGN
@@ -195,9 +251,10 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
     set_bytes = max(ALIGN, offset)
     room = capacity - n * set_bytes
     if room < 0:
-        raise ValueError(f"{n} input sets of {set_bytes} bytes do not fit the {capacity}-byte input file")
+        raise ValueError(f"{n} input sets of {set_bytes} bytes do not fit the {capacity}-byte input memory")
     base = secrets.randbelow(min(room, MAX_SHIFT) // ALIGN + 1) * ALIGN
-    block = torch.zeros(n * set_bytes, dtype=torch.uint8)
+    on = next((x.device for x in first if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    block = torch.zeros(n * set_bytes, dtype=torch.uint8, device=on)
     for j, item in enumerate(items):
         if "dtype" not in item:
             continue
@@ -206,11 +263,11 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
             if not (isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") == item["dtype"]
                     and list(x.shape) == item["shape"] and list(x.stride()) == item["stride"]):
                 raise ValueError("get_inputs() returns inputs of differing shapes, dtypes or strides from one call to "
-                                 "the next; the CPU timing needs every call's inputs alike")
+                                 "the next; the timing needs every call's inputs alike")
             span = x.detach().as_strided((_extent(x),), (1,), x.storage_offset()).contiguous().view(-1)
             if item["nbytes"]:
                 start = i * set_bytes + item["offset"]
-                block[start:start + item["nbytes"]] = span.view(torch.uint8)
+                block[start:start + item["nbytes"]] = span.view(torch.uint8).to(on)
     layout = {"n": n, "set_bytes": set_bytes, "base": base,
               "items": [{k: v for k, v in it.items() if k != "nbytes"} for it in items]}
     return layout, block
@@ -231,3 +288,32 @@ def _extent(x) -> int:
     if x.numel() == 0:
         return 0
     return 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
+
+
+def _views(cache: dict, whole, layout: dict) -> list[list]:
+    """The n input sets of a layout as tensors over a whole memory (whole(): its bytes as a uint8 tensor;
+    cache: dtype -> that memory as a tensor of dtype, kept between batches)."""
+    import torch
+    n, step = int(layout["n"]), int(layout["set_bytes"])
+    cols = []
+    for item in layout["items"]:
+        if "value" in item:
+            cols.append([item["value"]] * n)
+        elif "values" in item:
+            cols.append(item["values"])
+        else:
+            dtype = torch_dtype(item["dtype"])
+            size = torch.empty((), dtype=dtype).element_size()
+            flat = cache.get(dtype)
+            if flat is None:
+                flat = cache[dtype] = whole().view(dtype)
+            big = flat.as_strided([n, *item["shape"]], [step // size, *item["stride"]],
+                                  (int(layout["base"]) + int(item["offset"])) // size)
+            cols.append(big.unbind(0))
+    return [list(xs) for xs in zip(*cols)]
+
+
+def _extent_of(shape: list[int], stride: list[int]) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))

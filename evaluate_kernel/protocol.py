@@ -17,12 +17,15 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
 | runner | <-  | outputs        | path, unmapped, marks, confined          | trial outputs saved to path              |
 | runner | <-  | error/rejected | where, error                             | import, forward or timing failed         |
-| runner | ->  | cmd=go (CPU)   | layout                                   | views over the input file, n calls       |
-| runner | <-  | done (CPU)     | pointers, geometry                       | where each call's outputs lie; the       |
-|        |     |                |                                          | parent stops it and reads them (readout) |
-| runner | ->  | cmd=draw (GPU) | seed, n, batch                           | n input sets for the next batch          |
+| runner | ->  | cmd=go (CPU,   | layout                                   | views over the input memory, n calls     |
+|        |     | GPU shared)    |                                          | (GPU: allocating in its region, a sync)  |
+| runner | <-  | done           | pointers, geometry                       | where each call's outputs lie (GPU:      |
+|        |     |                |                                          | offsets into its region); the parent     |
+|        |     |                |                                          | stops it, they are read (readout, ref)   |
+| runner | ->  | cmd=draw (GPU  | seed, n, batch                           | (the GPU's fallback, without shared      |
+|        |     | fallback)      |                                          | memory) n input sets for the next batch  |
 | runner | <-  | drawn          |                                          | (every step timed by the parent: clock.py|
-| runner | ->  | cmd=go (GPU)   |                                          | n calls back to back, one synchronise    |
+| runner | ->  | cmd=go (GPU f.)|                                          | n calls back to back, one synchronise    |
 | runner | <-  | done           |                                          |                                          |
 | runner | ->  | cmd=digest     |                                          | commit to every output of the batch      |
 | runner | <-  | digests        | digests (one int per call)               |                                          |
@@ -34,14 +37,20 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | <-  | prepared       | count                                    |                                          |
 | ref    | ->  | cmd=compare    | path, items, tolerances                  | compare saved outputs (a tensor file)    |
 | ref    | <-  | compared       | results, ref_names                       | one comparison per item                  |
-| ref    | ->  | cmd=timing     | cpus, arena (CPU: the runner's file)     | a timing starts: fresh batches, on the   |
+| ref    | ->  | cmd=timing     | cpus, arenas (CPU) or regions (GPU)      | a timing starts: fresh batches, on the   |
 | ref    | <-  | timing         |                                          | runner's cores                           |
-| ref    | ->  | cmd=fill (CPU) | seed, n, targets                         | inputs into the runner's file or its own |
-| ref    | <-  | filled         | layout                                   |                                          |
+| ref    | ->  | cmd=region     | size                                     | (GPU) device memory for a runner         |
+| ref    | <-  | region         | id, fd, size                             | the parent takes fd (pidfd_getfd) and    |
+|        |     |                |                                          | sends it on the runner's fd channel      |
+| ref    | ->  | region_taken,  | id                                       | close our descriptor; the runner is gone |
+|        |     | free_region    |                                          | (unmap and release)                      |
+| ref    | ->  | cmd=fill       | seed, n, target                          | inputs into the runner's file or region, |
+| ref    | <-  | filled         | layout                                   | or the reference runner's                |
 | ref    | ->  | draw, go,      | as the runner's, draw also keep          | the reference's batch (kept: the calls   |
 |        |     | digest         |                                          | of the runner's batch to be checked)     |
-| ref    | ->  | cmd=check      | path, items, tolerances                  | shipped (GPU) or read (CPU) outputs      |
-| ref    | <-  | checked        | results                                  | against its own, and the digests (GPU)   |
+| ref    | ->  | cmd=check      | path, items, tolerances (GPU shared:     | outputs read (CPU), read here from both  |
+| ref    | <-  | checked        | geometry, ref_geometry; items' offsets)  | regions (GPU), or shipped and digested   |
+|        |     |                | results                                  | (GPU fallback), against the reference's  |
 | ref    | ->  | cmd=pin        | cpus (or null)                           | back to its own cores after a timing     |
 | ref    | <-  | pinned         |                                          |                                          |
 | probe  | ->  | cmd=probe      |                                          | a trivial kernel from a context of its   |
@@ -84,9 +93,21 @@ class Worker:
 
     def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
                  mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
-                 dies_with_parent: bool = False, arena: tuple[int, int] | None = None, forkserver=None):
+                 dies_with_parent: bool = False, arena: tuple[int, int] | None = None, forkserver=None,
+                 fd_channel: bool = False):
         r, w = os.pipe()
         self.arena = arena   # (CPU runners) (fd, size) of the input file the parent made for it; it closes with us
+        self.on_kill = None   # called once when it is killed (a GPU runner's region is then freed)
+        self.region = None    # (GPU runners) (reference worker's start, id, size, input bytes) of its region
+        # (GPU runners) A datagram socket on which descriptors reach it after its start (send_fd): its
+        # region is made only when an evaluation takes it. The worker's end keeps its number there.
+        self.fd_sock, self.fd_channel = None, -1
+        passed = [arena[0]] if arena else []
+        if fd_channel:
+            import socket
+            self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.fd_channel = theirs.detach()
+            passed.append(self.fd_channel)
         self.log_path = log_path
         self.mark = mark or f"pv{secrets.token_hex(8)}"
         self.namespace = namespace
@@ -98,7 +119,7 @@ class Worker:
         env = dict(env, **{MARK_ENV: self.mark})
         self.proc, self.forked = None, False
         if forkserver is not None:  # forked from a process with torch imported
-            fds = {w: w, 1: self._log.fileno(), 2: self._log.fileno(), **({arena[0]: arena[0]} if arena else {})}
+            fds = {w: w, 1: self._log.fileno(), 2: self._log.fileno(), **{fd: fd for fd in passed}}
             try:
                 self.proc, self.forked = forkserver.spawn(env, fds, args, namespace, cpus), True
             except RuntimeError:
@@ -108,9 +129,11 @@ class Worker:
             self.proc = subprocess.Popen(
                 namespace.wrap(argv, code_dir) if namespace else argv,
                 stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                pass_fds=(w,) if arena is None else (w, arena[0]),
+                pass_fds=(w, *passed),
                 env=env, start_new_session=True, preexec_fn=_preexec(warm or dies_with_parent, cpus))
         os.close(w)
+        if self.fd_channel >= 0:
+            os.close(self.fd_channel)   # its number stays the worker's
         self._rfd = r
         self._buf = b""
         self.nonce = secrets.token_hex(16)
@@ -137,6 +160,11 @@ class Worker:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise EOFError("the worker's namespace has no process")
             time.sleep(0.01)
+
+    def send_fd(self, fd: int) -> None:
+        """A descriptor, on the worker's descriptor channel (it reads it when a job says one is coming)."""
+        import socket
+        socket.send_fds(self.fd_sock, [b"fd"], [fd])
 
     def send(self, msg: dict) -> None:
         msg = dict(msg, nonce=self.nonce)
@@ -208,10 +236,15 @@ class Worker:
         if self.arena is not None:
             closers.append(lambda fd=self.arena[0]: os.close(fd))
             self.arena = None
+        if self.fd_sock is not None:
+            closers.append(self.fd_sock.close)
+        if self.on_kill is not None:
+            closers.append(self.on_kill)
+            self.on_kill = None
         for closer in closers:
             try:
                 closer()
-            except OSError:
+            except (OSError, RuntimeError):
                 pass
         return strays
 

@@ -33,12 +33,15 @@ class Claim:
 
 
 def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = (),
-          views: set[int] = frozenset()) -> Claim | str:
+          views: set[int] = frozenset(), within: int | None = None) -> Claim | str:
     """The runner's reply as a Claim, or what is wrong with it. reference: the reference's geometry for
     the same model call ([dtype, shape, stride] per output); inputs: the address ranges where the runner
     has its input file mapped. No output may lie there (one written over its own inputs saves the memory
     and the writes the reference pays for) but those in `views`: the outputs the reference itself returns
-    as views of its inputs (a flatten), which the candidate may too."""
+    as views of its inputs (a flatten), which the candidate may too. within (GPU): the addresses are
+    offsets into a region of this many bytes, the only memory the reference worker reads; every output
+    lies inside it, aligned to its element. What is checked is what will be read, whatever the runner
+    says its region's address is."""
     pointers, geometry = reply.get("pointers"), reply.get("geometry")
     if not (isinstance(geometry, list) and len(geometry) == len(reference)
             and all(_geometry_ok(g) for g in geometry)):
@@ -51,9 +54,16 @@ def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = 
             return f"output {k} is larger than the {MAX_BYTES >> 30} GiB the evaluator reads"
     if not (isinstance(pointers, list) and len(pointers) == n
             and all(isinstance(p, list) and len(p) == len(geometry)
-                    and all(type(a) is int and 0 < a < 1 << 57 for a in p) for p in pointers)):
+                    and all(type(a) is int and (0 if within is not None else 1) <= a < 1 << 57 for a in p)
+                    for p in pointers)):
         return "the runner sent output addresses for another number of calls or outputs than it made"
     c = Claim(pointers, geometry)
+    if within is not None:
+        for i, p in enumerate(pointers):
+            for a, nb, g in zip(p, c.nbytes, geometry):
+                if not (a % DTYPE_SIZES[g[0]] == 0 and a + max(nb, DTYPE_SIZES[g[0]]) <= within):
+                    return (f"call {i} returned an output outside the memory the evaluator reads: allocate outputs "
+                            "with torch (torch.empty, torch::empty, ...) in the calling thread, inside the call")
     spans = sorted((a, a + nb, i, k) for i, p in enumerate(pointers) for k, (a, nb) in enumerate(zip(p, c.nbytes)) if nb)
     end, owner = -1, -1   # the furthest end so far, and its call: a span of another call starting before it overlaps
     for a, e, i, _ in spans:

@@ -20,7 +20,8 @@ from .build import _exec_source, _install_build_defaults
 from . import tensorfile
 from .common import _flat, compare_outputs, open_lock
 from .confine import confine, pin_threads
-from .host_batches import Arena, HostBatches, HostInputs
+from . import vmm
+from .host_batches import Arena, GpuArena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
 from .protocol import LineReader, check_parent
@@ -163,6 +164,15 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     import torch
     device, ref_ns = state["device"], state["ref_ns"]
     marks = {"job_received": time.time()}
+    shared = None   # (GPU) the region the reference worker writes inputs into and reads outputs from
+    try:
+        if device.type == "cuda" and job.get("region"):   # mapped before any candidate code runs
+            r = job["region"]
+            region = vmm.Region.open(_receive_fd(int(r["channel"])), int(r["size"]), device.index or 0)
+            shared = (GpuArena(region, int(r["inputs"])), vmm.Pool(region, int(r["inputs"])))
+    except BaseException as e:  # noqa: BLE001
+        send({"kind": "error", "where": "runner start-up", "error": f"the shared GPU memory: {_short_traceback(e)}"})
+        return
     try:
         if job["mode"] == "baseline":
             cls = ref_ns["Model"]
@@ -211,6 +221,8 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
         if device.type == "cpu":
             arena = job["arena"]
             _serve_host(HostBatches(model, Arena(int(arena["fd"]), int(arena["size"])), state["call"]), send, recv)
+        elif shared is not None:
+            _serve_host(HostBatches(model, shared[0], state["call"], pool=shared[1].pool), send, recv)
         else:
             _serve_batches(Batches(model, ref_ns, device, job["on_device"], state["call"]), send, recv)
     except BaseException as e:  # noqa: BLE001
@@ -218,7 +230,8 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
 
 
 def _serve_host(batches: HostBatches, send, recv) -> None:
-    """(CPU) go, as many batches as the parent asks for: the parent stops this process between them."""
+    """(CPU, and a GPU with shared memory) go, as many batches as the parent asks for: the parent stops
+    this process between them."""
     while True:
         req = recv()
         if req.get("cmd") != "go":
@@ -265,12 +278,17 @@ def _role_ref(job: dict, send, recv) -> None:
     with torch.no_grad():
         out = [o for o in _flat(model(*xs)) if isinstance(o, torch.Tensor)]  # CUDA and the kernels warm up
     out_bytes = sum(o.numel() * o.element_size() for o in out)
-    del xs, out
+    del out
+    peak_bytes = _peak_bytes(model, xs, device)
+    del xs
     info = {"ref_names": names, "ref_shapes": shapes, "in_bytes": in_bytes, "out_bytes": out_bytes,
-            **_device_info(device)}
+            "peak_bytes": peak_bytes, **_device_info(device)}
     own_cpus = _affinity()
     batches: Batches | HostInputs | None = None
-    arenas: dict[str, Arena] = {}   # (CPU, during a timing) the input files of both runners
+    arenas: dict = {}   # (during a timing) both runners' input files (CPU) or regions (GPU)
+    regions: dict[int, vmm.Region] = {}   # (GPU) every runner's region, made here, by id
+    if device.type == "cuda":
+        info["shared_memory"] = _can_share(device)
     send({"kind": "ready", **info})
     while True:
         req = recv()
@@ -284,6 +302,12 @@ def _role_ref(job: dict, send, recv) -> None:
                     _close_arenas(arenas)
                     arenas.update({side: Arena.open(a["path"], int(a["size"])) for side, a in req["arenas"].items()})
                     batches = HostInputs(ref_ns, arenas)
+                elif req.get("regions"):   # the runners' regions, made here
+                    _close_arenas(arenas)
+                    arenas.update({side: GpuArena(regions[int(r["id"])], int(r["inputs"]))
+                                   for side, r in req["regions"].items()})
+                    batches = HostInputs(ref_ns, arenas, device,
+                                         job.get("on_device", True))
                 else:
                     batches = Batches(_timing_model(ref_ns, models, device), ref_ns, device, job.get("on_device", True))
                 reply = {"kind": "timing"}
@@ -302,6 +326,23 @@ def _role_ref(job: dict, send, recv) -> None:
                 batches.digest()
                 send({"kind": "digests"})
                 continue
+            elif cmd == "region":   # (GPU) a runner's memory; the parent takes our descriptor for it
+                r = vmm.Region.make(int(req["size"]), device.index or 0)
+                regions[id(r)] = r
+                reply = {"kind": "region", "id": id(r), "fd": r.fd, "size": r.size}
+            elif cmd == "region_taken":   # the parent holds the descriptor now: ours goes
+                r = regions[int(req["id"])]
+                os.close(r.fd)
+                r.fd = -1
+                reply = {"kind": "ok"}
+            elif cmd == "free_region":   # its runner is gone
+                r = regions.pop(int(req["id"]), None)
+                if r is not None:
+                    r.close()
+                reply = {"kind": "ok"}
+            elif cmd == "check" and "geometry" in req:   # (GPU, shared memory) read here, from the regions
+                reply = {"kind": "checked", "results": batches.check_regions(
+                    req["items"], req["geometry"], req["ref_geometry"], req["rtol"], req["atol"], req["l2_tol"])}
             elif cmd == "check":
                 paths = [req["path"], req["ref_path"]] if isinstance(batches, HostInputs) else [req["path"]]
                 reply = {"kind": "checked", "results": batches.check(*paths, req["items"], req["rtol"],
@@ -348,6 +389,46 @@ def _role_probe(job: dict, send, recv) -> None:
     send({"kind": "ready", "probe_ms": idle})
     while recv().get("cmd") == "probe":
         send({"kind": "probed", "ms": probe_ms(device)})
+
+
+def _peak_bytes(model, xs: list, device) -> int:
+    """(GPU) The most memory one call of the reference holds at once beyond its inputs (its outputs and
+    temporaries): what a region must leave for a call (Device.region_layout)."""
+    import torch
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    with torch.no_grad():
+        out = model(*xs)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return max(0, int(peak))
+
+
+def _receive_fd(channel: int) -> int:
+    """The descriptor the parent sent on our descriptor channel (before the job that names it)."""
+    import socket
+    chan = socket.socket(fileno=channel)
+    chan.settimeout(60)
+    try:
+        _, fds, _, _ = socket.recv_fds(chan, 16, 1)
+    finally:
+        chan.detach()
+    if not fds:
+        raise OSError("no descriptor arrived on the channel")
+    return fds[0]
+
+
+def _can_share(device) -> str:
+    """(GPU) "yes" if this process can make device memory another process maps by descriptor, else why not."""
+    try:
+        vmm.Region.make(1, device.index or 0).close()
+        return "yes"
+    except (OSError, RuntimeError, AttributeError) as e:
+        return f"no: {e}"
 
 
 def _close_arenas(arenas: dict) -> None:

@@ -211,7 +211,7 @@ def test_no_collection_runs_while_batches_are_timed():
 
     import torch
 
-    from evaluate_kernel import batches, evaluation
+    from evaluate_kernel import batches, timing
     was = gc.isenabled()
     try:
         gc.enable()
@@ -219,7 +219,7 @@ def test_no_collection_runs_while_batches_are_timed():
         assert not gc.isenabled()
         batches.release_collections()
         assert gc.isenabled() and gc.get_freeze_count() == 0
-        hold = evaluation._NoCollections
+        hold = timing._NoCollections
         hold.hold()
         hold.hold()
         hold.release()

@@ -488,14 +488,23 @@ def gpu_ev(tmp_path_factory):
     e.close()
 
 
+# Its outputs come from another thread's allocations, outside the pool over the runner's shared region, so
+# no process but the runner could read them: refused once timed (the trials, without the pool, pass).
+OUTPUT_FROM_A_THREAD = variant(
+    "        from concurrent.futures import ThreadPoolExecutor\n"
+    "        with ThreadPoolExecutor(1) as pool:\n"
+    "            return pool.submit(torch.no_grad()(self.honest), x).result()",
+    extra_init="", header="") + "\n    def honest(self, x):\n" + HONEST_BODY + "\n"
+
+
 @pytest.fixture(scope="module")
 def gpu_results(gpu_ev):
     srcs = {"ok": cuda_candidate("tail_ok", "out[idx]"),
             "wrong": cuda_candidate("tail_wrong", "out[b * HW + (p + 1) % HW]"),
             "oob": cuda_candidate("tail_oob", "((float*)256)[idx]"),
-            "torch": HONEST,
+            "torch": HONEST, "thread": OUTPUT_FROM_A_THREAD,
             "needs_full_header": NEEDS_FULL_HEADER, "broken_cu": BROKEN_CU}
-    with ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(7) as pool:
         futures = {k: pool.submit(gpu_ev.evaluate, s) for k, s in srcs.items()}
         out = {k: f.result() for k, f in futures.items()}
     out["after_oob"] = gpu_ev.evaluate(srcs["ok"])
@@ -512,8 +521,15 @@ def test_gpu_fused_kernel_ok_and_timed(gpu_results):
     # Timed beside five other candidates' builds on the same host: 6.2% measured on an H200 (the intervals
     # of calls this short widen with the host's load; alone, 0.4-0.6%).
     assert r.details["noise"] < 0.10 and r.details["timing"]["pairs"] >= 6
+    assert r.details["gpu_protocol"] == "shared memory", r.details.get("gpu_protocol")
     print("GPU", r.details["device"], "baseline", r.baseline_ms, "kernel", r.runtime_ms, "speedup", r.speedup,
           "compile_s", r.details["compile_s"])
+
+
+@pytest.mark.gpu
+def test_gpu_outputs_allocated_outside_the_shared_region_are_refused(gpu_results):
+    r = gpu_results["thread"]
+    assert r.status == "rejected" and "outside the memory the evaluator reads" in r.message, r.message
 
 
 @pytest.mark.gpu

@@ -1,0 +1,432 @@
+"""Parent side: the timing of one evaluation, batch by batch (clock.py turns the batches into the speedup).
+
+Public flow, Timing._time(): the reference's runner (or, in the GPU's fallback, the reference worker) and
+the candidate's runner take turns, r0 c0 r1 c1 ..., each batch on inputs of a seed drawn when it starts,
+until the speedup's interval is narrow enough or the pairs or the time run out.
+
+    _host_cand_batch / _host_ref_batch   (CPU; GPU with shared memory) the reference worker fills the
+                                         runner's memory while it is stopped; _let_go runs its one step
+                                         (CPU: its CPU time; GPU: this process's clock, the device
+                                         drained before and after, _drain); its claim is checked
+                                         (readout.claim); the chosen calls' outputs are read afterwards
+    _cand_batch / _ref_batch             (GPU fallback) draw, go, digest in the runner and in the reference
+                                         worker, every step clocked here (batches.py)
+    _check                               the reference worker compares the chosen calls' outputs
+
+Timing is a part of Evaluation (evaluation.py), which owns the runner, the job and the details; it is
+kept apart only to be read apart.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import secrets
+import signal
+import threading
+import time
+
+from . import clock, readout
+from .common import EvalResult, _remove
+from .protocol import Worker
+from .stopped import cpu_seconds, stop
+from .verdict import forged as _forged
+
+IDLE_PROBES = 3   # fast probes in a row that say the GPU is idle (_drain)
+
+
+class Timing:
+    """The timing half of an Evaluation (its runner self.w, device self.dev, options, details)."""
+
+    def _time(self) -> dict | EvalResult:
+        """Alternate batches until the interval is narrow enough; returns what _verify and _verdict need."""
+        opts, dev = self.opts, self.dev
+        gpu = self.ev.device == "cuda"
+        target = opts.target_ci if opts.target_ci is not None else (0.005 if gpu else 0.02)
+        budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 2.0)
+        budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
+        per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
+        host = not gpu or self.w.region is not None   # the runners' memories are written and read from outside
+        extra = {}
+        if host:
+            self.rr = dev.reference_runner()
+            if gpu and self.rr.region is None:   # its region could not be made: the digest protocol
+                host = False
+                self.rr = None
+        if gpu:
+            self.details["gpu_protocol"] = "shared memory" if host else f"digests (shared memory: {dev.shared})"
+        if host and not gpu:   # the input files of both runners, which the reference worker opens through us
+            extra["arenas"] = {side: {"path": f"/proc/{os.getpid()}/fd/{w.arena[0]}", "size": w.arena[1]}
+                               for side, w in (("runner", self.w), ("reference", self.rr))}
+        elif host:   # the regions of both runners, which the reference worker made
+            extra["regions"] = {side: {"id": w.region[1], "inputs": w.region[3]}
+                                for side, w in (("runner", self.w), ("reference", self.rr))}
+            budget, per_call_bytes = self._region_calls(per_call_bytes), 1
+        dev.ref_call({"cmd": "timing", "cpus": self.cpus, **extra})   # fresh batches, on the runner's cores
+        _NoCollections.hold()
+        try:
+            bad = self._freeze()
+            if bad is not None:
+                return bad
+            if host and not gpu:
+                self.rr_mem = readout.Memory(self.rr.main_pid())
+                try:
+                    self.mem = readout.Memory(self.main)
+                except OSError as e:
+                    return EvalResult("rejected", message=f"rejected: the runner's memory cannot be read ({e.strerror}): "
+                                      "a candidate may not make its process unreadable (if every candidate gets this, "
+                                      "the machine forbids reading a child's memory: Yama's ptrace_scope above 1)",
+                                      details=self.details)
+            cands, checks = [], []
+            ref_ms = dev.ref_ms
+            if ref_ms is None:   # the baseline's run: the reference alone first, to size the batches
+                r0 = self._calibrate(budget, per_call_bytes)
+                ref_ms = r0.calls / r0.n * 1e3
+            n = clock.calls_per_batch(ref_ms, None, per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget)
+            first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
+            refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
+            started, f = time.monotonic(), None
+            for i in range(opts.max_pairs + 1):
+                seed = secrets.randbits(31)
+                t = time.monotonic()
+                c, values = self._host_cand_batch(seed, n) if host else self._cand_batch(seed, n, i)
+                if isinstance(c, EvalResult):
+                    return c
+                if not host:   # on the CPU the phases are CPU seconds, not the wall's
+                    self._spent("candidate batch", t, sum(getattr(c, p) for p in clock.PHASES))
+                cands.append(c)
+                if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
+                    # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
+                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical([c]),
+                                                                                 clock.typical(refs[-1:])),
+                                                          per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
+                else:
+                    n_next = n
+                # The calls to check, chosen now that their digests (on the CPU: the stopped runner's claim of
+                # where its outputs lie) are in.
+                chosen = self._choose(c.n, n_next)
+                if host:
+                    path = None
+                    if not gpu:   # read now, from the stopped runner (on a GPU the reference worker reads them)
+                        path = os.path.join(self.readout_dir, f"read-{i}.out")
+                        problem = readout.write(path, self.mem, values, chosen)
+                        if problem is not None:
+                            return _forged(self.details, problem)
+                    refs.append(self._host_ref_batch(seed, n_next, chosen))
+                    step, base = values.layout["set_bytes"], values.layout["base"]
+                    items = [{"key": f"{i}:{j}", "call": j, "inputs": [base + j * step, step]} for j in chosen]
+                    if gpu:
+                        for it in items:
+                            it["cand"], it["ref"] = values.pointers[it["call"]], self._ref_claim.pointers[it["call"]]
+                else:
+                    t = time.monotonic()
+                    path = os.path.join(self.job["work_dir"], f"shipped-{i}.bin")
+                    self.w.send({"cmd": "ship", "path": path, "calls": chosen})
+                    self._reply("shipped")
+                    t = self._spent("ship", t)
+                    bad = self._stop_runner(c)
+                    if bad is not None:
+                        return bad
+                    t = self._spent("stop", t, c.probe)
+                    refs.append(self._ref_batch(seed, n_next, i, {"batch": i, "calls": chosen}))
+                    self._spent("reference batch", t, sum(getattr(refs[-1], p) for p in clock.PHASES))
+                    items = [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen]
+                t = time.monotonic()
+                bad = self._check(path, items, checks, values.geometry if host and gpu else None)
+                if bad is not None:
+                    return bad
+                self._spent("check", t)
+                n = n_next
+                f = clock.figures(refs, cands)
+                out_of_time = time.monotonic() - started > budget_s and f is not None   # one pair counts, always
+                if clock.enough(f, target, opts.min_pairs) or out_of_time:
+                    break
+            if gpu:
+                self.details["probe_idle_ms"] = dev.info.get("probe_ms")
+            return {"figures": f, "refs": refs, "cands": cands}
+        finally:
+            _NoCollections.release()
+            self._thaw()
+            for mem in (self.mem, self.rr_mem):
+                if mem is not None:
+                    mem.close()
+            self.mem = self.rr_mem = None
+            dev.ref_call({"cmd": "pin", "cpus": None})
+
+    def _calibrate(self, budget: int, per_call_bytes: int) -> clock.Batch:
+        """The reference alone, a few batches growing until one lasts about a quarter of batch_ms: its
+        time per call sizes the batches (the baseline's run; candidates reuse that figure). The last one
+        is the first reference batch of the alternation."""
+        n, n_max = 1, max(1, budget // max(1, per_call_bytes))
+        for _ in range(8):
+            seed = secrets.randbits(31)
+            b = self._host_ref_batch(seed, n) if self.rr is not None else self._ref_batch(seed, n, -1, None)
+            ms = b.calls * 1e3
+            if ms >= self.opts.batch_ms / 4 or n >= n_max:
+                break
+            n = min(n_max, max(2 * n, math.ceil(n * self.opts.batch_ms / 2 / max(ms, 1e-3))))
+        return b
+
+    def _clock(self, pid: int):
+        """What a batch's steps are timed by: this process's clock on a GPU; on the CPU the worker's own CPU
+        time (every thread), which a busy neighbour taking the core does not inflate."""
+        if self.ev.device == "cuda":
+            return time.monotonic
+        return lambda: cpu_seconds(pid)
+
+    def _ref_batch(self, seed: int, n: int, batch: int, keep: dict | None) -> clock.Batch:
+        b = clock.Batch("ref", n)
+        call, now = self.dev.ref_call, self._clock(self.dev.ref.main_pid())
+        t = now()
+        self._expect(call({"cmd": "draw", "seed": seed, "n": n, "batch": batch, "keep": keep}), "drawn")
+        t = self._lap(b, "draw", t, now)
+        self._expect(call({"cmd": "go"}), "done")
+        t = self._lap(b, "calls", t, now)
+        if self.ev.device == "cuda":
+            self._drain(b, "settle")
+            t = now()
+        self._expect(call({"cmd": "digest"}), "digests")
+        self._lap(b, "digest", t, now)
+        if self.ev.device == "cuda":
+            self._drain(b, "probe")
+        return b
+
+    def _cand_batch(self, seed: int, n: int, batch: int):
+        """One batch of the runner's: (Batch, the digests it committed to) or (a rejection, None)."""
+        b = clock.Batch("cand", n)
+        self._thaw()
+        now = self._clock(self.main)
+        t = now()
+        self.w.send({"cmd": "draw", "seed": seed, "n": n, "batch": batch})
+        self._reply("drawn")
+        t = self._lap(b, "draw", t, now)
+        self.w.send({"cmd": "go"})
+        self._reply("done")
+        t = self._lap(b, "calls", t, now)
+        if self.ev.device == "cuda":   # work still running on any stream after "done" is the calls'
+            bad = self._drain(b, "settle")
+            if bad is not None:
+                return bad, None
+            t = now()
+        self.w.send({"cmd": "digest"})
+        msg = self._reply("digests")
+        self._lap(b, "digest", t, now)
+        values = msg.get("digests")
+        if not isinstance(values, list) or len(values) != n or not all(type(v) is int for v in values):
+            return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
+        return b, values
+
+    def _host_ref_batch(self, seed: int, n: int, chosen: list[int] | None = None) -> clock.Batch:
+        """A batch of the reference's runner, timed as the candidate's are (_host_cand_batch); with
+        `chosen`, the outputs of those calls are what the candidate's are checked against (CPU: read from
+        it now; GPU: read by the reference worker, where the claim says). Its failure is the reference's:
+        RuntimeError, and a new runner for the next timing."""
+        rr, gpu = self.rr, self.ev.device == "cuda"
+        layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference"}),
+                              "filled")["layout"]
+        try:
+            pid = rr.main_pid()
+            stop(pid)   # stopped already, except in its first batch
+            b = clock.Batch("ref", n)
+            if gpu and self._drain(b, "settle") is not None:   # as the candidate's: the same steps, both sides
+                raise RuntimeError("the GPU stayed busy before the reference's batch")
+            reply = self._let_go(rr, pid, {"cmd": "go", "layout": layout}, b)
+            if reply.get("kind") != "done":
+                raise RuntimeError(f"the reference's runner answered {reply.get('kind')}: {reply.get('error')}")
+            if gpu and self._drain(b, "probe") is not None:
+                raise RuntimeError("the GPU stayed busy after the reference's batch")
+            inputs = self._input_ranges(rr, pid, layout)
+            if self._ref_geometry is None:
+                self._ref_geometry = reply["geometry"]
+                self._ref_views = readout.views_of_inputs(reply, inputs)
+            if chosen is not None:
+                c = readout.claim(reply, n, self._ref_geometry, within=rr.region[2] if gpu else None)
+                if isinstance(c, str) or (not gpu and readout.write(self._ref_path, self.rr_mem, c, chosen) is not None):
+                    raise RuntimeError(f"the reference's outputs could not be read: {c}")
+                self._ref_claim = c
+        except (EOFError, TimeoutError, OSError, RuntimeError) as e:
+            self.dev.drop_ref_runner()
+            raise RuntimeError(f"the reference's runner failed ({e!r})") from None
+        return b
+
+    def _host_cand_batch(self, seed: int, n: int):
+        """One batch of the runner's: (Batch, its checked claim of where its outputs lie) or (a rejection,
+        None). Its inputs are written into its memory while it is stopped (the reference's runner gets the
+        same ones next); it runs only inside its one step, timed with it stopped before and after (on a
+        GPU the device is then drained, the wait charged to the batch)."""
+        gpu = self.ev.device == "cuda"
+        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "runner"}), "filled")
+        b = clock.Batch("cand", n)
+        if gpu:   # nothing of the candidate's may run on the GPU while its inputs are written (and after)
+            bad = self._drain(b, "settle")
+            if bad is not None:
+                return bad, None
+        msg = self._let_go(self.w, self.main, {"cmd": "go", "layout": reply["layout"]}, b)
+        if msg.get("kind") != "done":
+            raise _Answered(msg)
+        bad = self._freeze()
+        if bad is None and gpu:
+            bad = self._drain(b, "probe")
+        if bad is not None:
+            return bad, None
+        c = readout.claim(msg, n, self._ref_geometry or [], self._input_ranges(self.w, self.main, reply["layout"]),
+                          self._ref_views, within=self.w.region[2] if gpu else None)
+        if isinstance(c, str):
+            return _forged(self.details, c), None
+        c.layout = reply["layout"]
+        return b, c
+
+    def _let_go(self, w: Worker, pid: int, req: dict, b: clock.Batch) -> dict:
+        """Send a stopped runner its step, let it run, and stop it again when it answers: b.calls is the
+        step's time (CPU: the runner's CPU time, read stopped; GPU: this process's clock from the moment it
+        is let go to the moment the stop is sent, the device's remaining work then drained by the caller)."""
+        gpu = self.ev.device == "cuda"
+        w.send(req)
+        t = time.monotonic() if gpu else cpu_seconds(pid, stopped=True)
+        os.kill(pid, signal.SIGCONT)
+        if w is self.w:
+            self._frozen = False
+        try:
+            reply = w.recv(max(0.0, self.deadline - time.monotonic())) if w is self.w else w.recv(self.opts.run_timeout_s)
+        finally:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+            if gpu:
+                b.calls = time.monotonic() - t
+            stop(pid, signal_sent=True)
+            if w is self.w:
+                self._frozen = True
+        if not gpu:
+            b.calls = cpu_seconds(pid, stopped=True) - t
+        return reply
+
+    def _input_ranges(self, w: Worker, pid: int, layout: dict) -> list[tuple[int, int]]:
+        """Where a runner's inputs lie: CPU, its input file's mappings (addresses); GPU, the region's input
+        part (offsets, as its claim gives them)."""
+        if self.ev.device == "cuda":
+            return [(0, w.region[3])]
+        st = os.fstat(w.arena[0])
+        return readout.mappings(pid, st.st_dev, st.st_ino)
+
+    def _region_calls(self, per_call_bytes: int) -> int:
+        """(GPU, shared memory) How many calls a batch may hold: their input sets in the region's input
+        part (less the layout's random shift, each set's items on cache lines), their outputs (as torch's
+        allocator rounds them) in as much again; the rest is for what the calls allocate and free."""
+        from .host_batches import ALIGN, MAX_SHIFT
+        inputs = min(self.w.region[3], self.rr.region[3])   # region_layout(): as much again for the outputs
+        in_b, out_b = int(self.dev.info.get("in_bytes", 1)), int(self.dev.info.get("out_bytes", 1))
+        if out_b > 1 << 20:
+            out_b = -(-out_b // (2 << 20)) * (2 << 20)
+        return max(1, min((inputs - MAX_SHIFT) // (in_b + 16 * ALIGN), inputs // (out_b + 1024)))
+
+    def _stop_runner(self, b: clock.Batch) -> EvalResult | None:
+        """The runner stopped, and (GPU) the device drained before the reference runs: the wait is the
+        candidate batch's probe step."""
+        bad = self._freeze()
+        if bad is None and self.ev.device == "cuda":
+            bad = self._drain(b, "probe")
+        return bad
+
+    def _drain(self, b: clock.Batch, phase: str) -> EvalResult | None:
+        """(GPU) Probe until a trivial kernel of the prober's (a context of its own, so either side pays
+        the same switches) runs at once IDLE_PROBES times in a row: the device holds no one's work. (Where
+        another context's kernel runs, the GPU time-slices between contexts, and one probe in several
+        lands at the start of its slice: a single fast probe let a kernel that never ends through.) The
+        time it takes is the batch's `phase` (settle: after "done", or with shared memory before "go";
+        probe: after the batch, before the other side's); its excess over the usual is charged."""
+        t = time.monotonic()
+        limit = max(self.opts.probe_ms, 4 * float(self.dev.info.get("probe_ms") or 0.05))
+        idle = 0
+        while True:
+            idle = idle + 1 if self.dev.probe_ms() <= limit else 0
+            if idle >= IDLE_PROBES:
+                setattr(b, phase, time.monotonic() - t)
+                return None
+            if time.monotonic() - t > self.opts.drain_s:
+                return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
+                                  "after the candidate's calls returned: work left running after a call is part "
+                                  "of the call", details=self.details)
+
+    @property
+    def _ref_path(self) -> str:
+        """(CPU) Where the reference's outputs of the checked calls are read to."""
+        return os.path.join(self.readout_dir, "read-reference.out")
+
+    def _choose(self, n_cand: int, n_ref: int) -> list[int]:
+        """The calls whose outputs will be checked, chosen now that their digests are in: every batch, so
+        no batch is known in advance to go unchecked."""
+        k = max(1, min(self.opts.verify_per_batch, n_cand, n_ref))
+        return sorted(secrets.SystemRandom().sample(range(min(n_cand, n_ref)), k))
+
+    def _check(self, path: str | None, items: list[dict], checks: list, geometry: list | None = None
+               ) -> EvalResult | None:
+        """The shipped (GPU, digests) or read (CPU) outputs against the reference's for the same calls (its
+        last batch ran the same inputs), and against the digests the runner committed to (GPU) or the
+        inputs as written (CPU; a GPU with shared memory, where the reference worker reads both runners'
+        outputs itself, at the offsets of their checked claims: geometry). An empty or short check fails."""
+        req = {"cmd": "check", "path": path, "ref_path": self._ref_path, "items": items,
+               "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol}
+        if geometry is not None:
+            req.update(geometry=geometry, ref_geometry=self._ref_geometry)
+        reply = self.dev.ref_call(req)
+        if path is not None:
+            _remove(path)
+            _remove(self._ref_path)
+        results = reply.get("results") or []
+        if not items or reply.get("kind") != "checked" or len(results) != len(items):
+            return _forged(self.details, "the timed outputs could not be verified")
+        checks += [{"call": it["key"], "ok": r["ok"]} for it, r in zip(items, results)]
+        self.details["timed_checks"] = checks
+        for it, r in zip(items, results):
+            if not r["ok"]:
+                return EvalResult("incorrect", message=f"timed call {it['key']} (batch:call) returned a wrong result "
+                                  f"(outputs cached, skipped or computed after their batch?): {r['reason']}",
+                                  details=self.details)
+        return None
+
+    @staticmethod
+    def _lap(b: clock.Batch, phase: str, since: float, now=time.monotonic) -> float:
+        t = now()
+        setattr(b, phase, t - since)
+        return t
+
+    def _spent(self, step: str, since: float, counted: float = 0.0) -> float:
+        """Seconds of the timing outside the batches' steps, by what they went to (diagnostics only)."""
+        now = time.monotonic()
+        spent = self.details.setdefault("timing_overhead_s", {})
+        spent[step] = round(spent.get(step, 0.0) + max(0.0, now - since - counted), 4)
+        return now
+
+
+class _NoCollections:
+    """This process's cyclic garbage collector, off while any of its evaluations is timing: a collection
+    in a process that runs a search walks its whole heap, tens of milliseconds, charged to whichever
+    side's step it falls in. The collector is the process's, so is this count of the timings holding it."""
+    _lock = threading.Lock()
+    _holders = 0
+    _was_enabled = True
+
+    @classmethod
+    def hold(cls) -> None:
+        with cls._lock:
+            if cls._holders == 0:
+                cls._was_enabled = gc.isenabled()
+                gc.disable()
+            cls._holders += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._holders -= 1
+            if cls._holders == 0 and cls._was_enabled:
+                gc.enable()
+
+
+class _Answered(Exception):
+    """The runner answered out of turn (an error report, or a forged kind)."""
+
+    def __init__(self, msg: dict):
+        super().__init__(msg.get("kind"))
+        self.msg = msg

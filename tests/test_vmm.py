@@ -1,0 +1,167 @@
+"""The GPU's shared-memory protocol (evaluate_kernel.vmm, host_batches.GpuArena, readout.claim(within=)):
+the parts that need no GPU are tested here on their own (the pool's ranges, a descriptor taken from
+another process and passed on a channel, the claim's checks in offsets, the region's layout); the rest
+runs on a GPU and is skipped cleanly without one.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluate_kernel import readout, vmm
+from evaluate_kernel.device import Device
+from evaluate_kernel.worker import _receive_fd
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5000)), max_size=60), st.integers(1, 3000))
+def test_the_pools_pieces_never_overlap_stay_inside_and_come_back_whole(ops, lo):
+    """Whatever the caching allocator asks and gives back: every live piece aligned, inside [lo, hi),
+    apart from every other; all given back, the free ranges are one again."""
+    hi = lo + 40_000
+    ranges = vmm.FreeRanges(lo, hi)
+    start = -(-lo // vmm.ALIGN) * vmm.ALIGN
+    live: list[tuple[int, int]] = []
+    for take, size in ops:
+        if take or not live:
+            at = ranges.take(size)
+            if at is None:   # only when no free range has room for it
+                assert all(room < -(-size // vmm.ALIGN) * vmm.ALIGN for _, room in ranges.free)
+                continue
+            assert at % vmm.ALIGN == 0 and start <= at and at + size <= hi
+            assert all(at + size <= a or a + s <= at for a, s in live)
+            live.append((at, size))
+        else:
+            at, size = live.pop(size % len(live))
+            ranges.give(at, size)
+    for at, size in live:
+        ranges.give(at, size)
+    assert ranges.free == [(start, hi - start)]
+
+
+def test_a_pool_that_is_full_says_so_and_recovers_what_is_given_back():
+    ranges = vmm.FreeRanges(vmm.ALIGN, 5 * vmm.ALIGN)   # addresses are never 0 (a null pointer)
+    a, b = ranges.take(2 * vmm.ALIGN), ranges.take(2 * vmm.ALIGN)
+    assert ranges.take(1) is None   # torch then raises its out-of-memory error
+    ranges.give(a, 2 * vmm.ALIGN)
+    assert ranges.take(vmm.ALIGN) == a and ranges.take(vmm.ALIGN) == a + vmm.ALIGN
+    ranges.give(None, 5)   # a null pointer given back changes nothing
+    assert b is not None and ranges.take(1) is None
+
+
+def test_a_descriptor_is_taken_from_a_child_and_passed_on_a_channel(tmp_path):
+    """The parent takes the reference worker's descriptor (pidfd_getfd: it is the worker's ancestor) and
+    sends it to a runner on its channel; what arrives is the same open file."""
+    path = tmp_path / "f"
+    path.write_bytes(b"the region")
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                              "print(fd, flush=True); sys.stdin.read()", str(path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = int(child.stdout.readline())
+        try:
+            fd = vmm.pidfd_getfd(child.pid, theirs)
+        except OSError as e:   # a kernel before 5.6, or tracing forbidden here
+            pytest.skip(f"pidfd_getfd: {e}")
+        ours, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        socket.send_fds(ours, [b"fd"], [fd])
+        os.close(fd)
+        got = _receive_fd(runner_end.fileno())
+        assert os.pread(got, 100, 0) == b"the region"
+        os.close(got)
+        ours.close()
+        runner_end.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_channel_that_brings_nothing_is_an_error():
+    ours, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ours.send(b"no descriptor")
+    with pytest.raises(OSError):
+        _receive_fd(runner_end.fileno())
+    ours.close()
+    runner_end.close()
+
+
+REF = [["float32", [4, 8], [8, 1]]]
+
+
+def _reply(offsets):
+    return {"pointers": [[o] for o in offsets], "geometry": REF}
+
+
+def test_a_claim_in_offsets_inside_the_region_is_accepted():
+    c = readout.claim(_reply([0, 128, 256]), 3, REF, within=1024)
+    assert not isinstance(c, str) and c.pointers == [[0], [128], [256]]
+
+
+@pytest.mark.parametrize("offsets, why", [
+    ([0, 128, 1000], "outside the memory"),      # runs past the region's end
+    ([0, 128, 2], "outside the memory"),         # not aligned to its element
+    ([0, 64, 256], "same memory"),               # overlaps call 0's 128 bytes
+    ([0, 128, -128], "another number"),          # before the region
+])
+def test_a_claim_in_offsets_that_does_not_hold_is_refused(offsets, why):
+    problem = readout.claim(_reply(offsets), 3, REF, within=1024)
+    assert isinstance(problem, str) and why in problem
+
+
+def test_no_output_may_lie_in_the_regions_input_part():
+    problem = readout.claim(_reply([0, 512, 640]), 3, REF, inputs=[(0, 512)], within=1024)
+    assert isinstance(problem, str) and "input" in problem
+
+
+class _Opts:
+    batch_bytes = 0
+
+
+class _Ev:
+    opts = _Opts()
+
+
+def _device(total: int, peak: int, out: int) -> Device:
+    d = object.__new__(Device)
+    d.ev, d.info = _Ev(), {"total_mem": total, "peak_bytes": peak, "out_bytes": out}
+    return d
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1 << 30, 200 << 30), st.integers(0, 8 << 30), st.integers(0, 1 << 30))
+def test_a_regions_layout_fits_the_device_and_leaves_room_for_the_calls(total, peak, out):
+    size, inputs = _device(total, peak, out).region_layout()
+    mib2 = 2 << 20
+    assert size % mib2 == 0 and inputs % mib2 == 0
+    assert size <= total // 4 + mib2
+    assert 0 < inputs and 2 * inputs <= size   # as much again for the outputs, and the rest
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_a_region_made_here_is_read_through_another_mapping():
+    """The reference worker's mapping and the runner's see the same memory (one process standing for
+    both: a descriptor exported, imported, mapped twice)."""
+    r = vmm.Region.make(4 << 20, 0)
+    other = vmm.Region.open(os.dup(r.fd), r.size, 0)
+    try:
+        r.bytes[:1024].copy_(torch.arange(1024, device="cuda", dtype=torch.int32).view(torch.uint8)[:1024])
+        torch.cuda.synchronize()
+        assert torch.equal(other.bytes[:1024], r.bytes[:1024])
+        pool = vmm.Pool(other, 2 << 20)
+        with torch.cuda.use_mem_pool(pool.pool):
+            t = torch.ones(1000, device="cuda")
+        assert other.ptr + (2 << 20) <= t.data_ptr() < other.ptr + other.size
+        del t
+    finally:
+        other.close()
+        r.close()
