@@ -141,15 +141,33 @@ def release_collections() -> None:
     gc.enable()
 
 
-def probe_ms(device) -> float:
-    """How long a trivial kernel takes from an idle stream of ours: tens of microseconds, unless another
-    process's work occupies the GPU, which then serves it first or time-slices with ours."""
+class Prober:
+    """(The prober: a CUDA context of its own.) Is the device idle? A trivial kernel, and a 1 MiB copy each
+    way between pinned host memory and the device, each timed from an idle stream of ours: tens of
+    microseconds, unless another context's work occupies the engine it needs, which then serves that
+    work first or time-slices with ours. The kernel sees kernels and device-to-device copies; only the
+    copies see copies between host and device (another context's host-to-device copies left the kernel
+    probe at its idle time while they slowed other contexts' work by 6-13%: twelfth red team)."""
+
+    def __init__(self, device):
+        import torch
+        self.host = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        self.dev = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+
+    def probe(self) -> dict[str, float]:
+        """Milliseconds each step took: kernel, h2d, d2h."""
+        return {"kernel": _timed(lambda: __import__("torch").cuda._sleep(100)),
+                "h2d": _timed(lambda: self.dev.copy_(self.host, non_blocking=True)),
+                "d2h": _timed(lambda: self.host.copy_(self.dev, non_blocking=True))}
+
+
+def _timed(step) -> float:
     import time
 
     import torch
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    torch.cuda._sleep(100)
+    step()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3
 

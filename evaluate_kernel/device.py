@@ -7,7 +7,6 @@ state one timing slot needs.
 from __future__ import annotations
 
 import fcntl
-import math
 import os
 import secrets
 import shutil
@@ -43,7 +42,9 @@ class Device:
             self.prober = ev.spawn_ref(self.env(), os.path.join(ev.log_dir, f"probe-{index}.log"))
             self.prober.send(ev.job("probe", device=ev.torch_device(), cpus=ev.other_cpus))
             try:
-                self.info["probe_ms"] = float(self.prober.recv(timeout=300).get("probe_ms") or 0.05)
+                ready = self.prober.recv(timeout=300)
+                self.info["probe_ms"] = float(ready.get("probe_ms") or 0.05)
+                self.info["probe_copy_ms"] = {k: float(v) for k, v in (ready.get("probe_copy_ms") or {}).items()}
             except (TimeoutError, EOFError) as e:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
         # (CPU; a GPU with shared memory) The reference is timed in a runner of its own (host_batches.py).
@@ -249,9 +250,10 @@ class Device:
                 w.kill()
                 setattr(self, name, None)
 
-    def probe_ms(self) -> float:
-        """One trivial kernel from the prober's context, its time to finish: tens of microseconds unless
-        another context's work occupies the GPU. A prober that died (killed from outside) is restarted."""
+    def probe(self) -> dict:
+        """One probe from the prober's context (batches.Prober): {"ms": the kernel's time, "h2d", "d2h":
+        the copies'}, tens of microseconds each unless another context's work occupies the engine. A
+        prober that died (killed from outside) is restarted."""
         if self.prober is None or self.prober.proc.poll() is not None:
             if self.prober is not None:
                 self.prober.kill()
@@ -265,7 +267,7 @@ class Device:
             self.prober.kill()
             self.prober = None
             raise RuntimeError("the GPU prober died") from None
-        return float(reply.get("ms", math.inf))
+        return reply
 
     def env(self) -> dict[str, str]:
         extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}

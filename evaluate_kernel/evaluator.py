@@ -222,7 +222,8 @@ class Evaluator:
         dev = next((d for d in self.devices if gpu is None or d.index == gpu), None)
         if dev is None:
             raise ValueError(f"gpu {gpu} is not one of {[d.index for d in self.devices]}")
-        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes", "out_bytes", "probe_ms")
+        internal = ("kind", "nonce", "ref_names", "ref_shapes", "in_bytes", "out_bytes", "probe_ms", "probe_copy_ms",
+                    "peak_bytes")
         return {k: v for k, v in dev.info.items() if k not in internal}
 
     # ---------------------------------------------------------------- plumbing

@@ -162,14 +162,15 @@ class HostInputs:
         import torch
 
         from .inputs import _draw_sets
+        if self.device is not None:   # no line the last batch (either side's) marked persisting stays so
+            from .batches import reset_persisting_l2
+            reset_persisting_l2(self.device)
         if self.drawn is None or self.drawn[0] != (seed, n):
             self.drawn = None   # the last batch's bytes go before the next are drawn
             with torch.no_grad():
                 if self.device is None:
                     sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False, mixed=True)
                 else:
-                    from .batches import reset_persisting_l2
-                    reset_persisting_l2(self.device)   # no line of the last batch stays persisting in L2
                     sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device, mixed=True)
             self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values())))
         _, layout, block = self.drawn

@@ -33,6 +33,7 @@ from .stopped import cpu_seconds, stop
 from .verdict import forged as _forged
 
 IDLE_PROBES = 3   # fast probes in a row that say the GPU is idle (_drain)
+COPY_SLACK_MS = 0.05   # a probe's copy is busy beyond twice its idle time and this (idle: ~0.03 ms a MiB)
 
 
 class Timing:
@@ -330,17 +331,21 @@ class Timing:
         return bad
 
     def _drain(self, b: clock.Batch, phase: str) -> EvalResult | None:
-        """(GPU) Probe until a trivial kernel of the prober's (a context of its own, so either side pays
-        the same switches) runs at once IDLE_PROBES times in a row: the device holds no one's work. (Where
+        """(GPU) Probe until a trivial kernel and a copy each way of the prober's (a context of its own, so
+        either side pays the same switches) run at once IDLE_PROBES times in a row: the device holds no
+        one's work, on its compute or its copy engines. (Where
         another context's kernel runs, the GPU time-slices between contexts, and one probe in several
         lands at the start of its slice: a single fast probe let a kernel that never ends through.) The
         time it takes is the batch's `phase` (settle: after "done", or with shared memory before "go";
         probe: after the batch, before the other side's); its excess over the usual is charged."""
         t = time.monotonic()
         limit = max(self.opts.probe_ms, 4 * float(self.dev.info.get("probe_ms") or 0.05))
+        copies = {k: 2 * v + COPY_SLACK_MS for k, v in (self.dev.info.get("probe_copy_ms") or {}).items()}
         idle = 0
         while True:
-            idle = idle + 1 if self.dev.probe_ms() <= limit else 0
+            r = self.dev.probe()
+            quiet = float(r.get("ms", math.inf)) <= limit and all(float(r.get(k, math.inf)) <= v for k, v in copies.items())
+            idle = idle + 1 if quiet else 0
             if idle >= IDLE_PROBES:
                 setattr(b, phase, time.monotonic() - t)
                 return None

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from .batches import Batches, module_call, probe_ms, release_collections, reset_persisting_l2
+from .batches import Batches, Prober, module_call, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
 from . import tensorfile
 from .common import _flat, compare_outputs, open_lock
@@ -379,16 +379,21 @@ def _role_ref(job: dict, send, recv) -> None:
 
 
 def _role_probe(job: dict, send, recv) -> None:
-    """(GPU) A CUDA context of its own that runs a trivial kernel on request: after either side's steps, so
-    both pay the same switches of the GPU from one context to another, and neither's own work is idle time
-    for the other."""
+    """(GPU) A CUDA context of its own that probes the device on request (batches.Prober): after either
+    side's steps, so both pay the same switches of the GPU from one context to another, and neither's own
+    work is idle time for the other."""
     import torch
     device = torch.device(job["device"])
     torch.cuda.set_device(device)
-    idle = sorted(probe_ms(device) for _ in range(9))[4]
-    send({"kind": "ready", "probe_ms": idle})
+    prober = Prober(device)
+    for _ in range(5):
+        prober.probe()
+    runs = [prober.probe() for _ in range(9)]
+    idle = {k: sorted(r[k] for r in runs)[4] for k in runs[0]}
+    send({"kind": "ready", "probe_ms": idle["kernel"], "probe_copy_ms": {"h2d": idle["h2d"], "d2h": idle["d2h"]}})
     while recv().get("cmd") == "probe":
-        send({"kind": "probed", "ms": probe_ms(device)})
+        r = prober.probe()
+        send({"kind": "probed", "ms": r["kernel"], "h2d": r["h2d"], "d2h": r["d2h"]})
 
 
 def _peak_bytes(model, xs: list, device) -> int:
