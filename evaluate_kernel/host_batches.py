@@ -26,6 +26,8 @@ Model, whichever was measured first.
 """
 from __future__ import annotations
 
+import array
+import base64
 import json
 import mmap
 import os
@@ -123,11 +125,16 @@ class HostBatches:
         self.base = getattr(arena, "base", 0)   # (GPU) addresses are told as offsets into the region
         self.outs: list = []
 
-    def go(self, layout: dict) -> dict:
-        """n calls on the layout's sets, every output held; where they lie. The last batch's outputs are
-        freed first, inside the step, on both sides alike."""
-        import torch
+    def free(self) -> None:
+        """The last batch's outputs go (a step of its own, untimed, before the next batch's inputs are
+        written: nothing then to work on, and work left on the GPU is the drain's)."""
         self.outs = []
+
+    def go(self, layout: dict) -> dict:
+        """n calls on the layout's sets, every output held; where they lie (offsets into the region on a
+        GPU), packed: n x k 64-bit integers, base64 (readout.pointers_of), cheap to make inside the step."""
+        import torch
+        self.outs = []   # (unless free() came first)
         sets = self.arena.views(layout)
         model, call = self.model, self.call
         if self.pool is None:
@@ -140,7 +147,8 @@ class HostBatches:
         self.outs = outs
         first = _flat(outs[0]) if outs else []
         base = self.base
-        return {"pointers": [[t.data_ptr() - base for t in _flat(o)] for o in outs],
+        packed = array.array("q", [t.data_ptr() - base for o in outs for t in _flat(o)])
+        return {"packed": base64.b64encode(packed.tobytes()).decode(),
                 "geometry": [[str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride())] for t in first]}
 
 

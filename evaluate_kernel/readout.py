@@ -42,10 +42,11 @@ def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = 
     offsets into a region of this many bytes, the only memory the reference worker reads; every output
     lies inside it, aligned to its element. What is checked is what will be read, whatever the runner
     says its region's address is."""
-    pointers, geometry = reply.get("pointers"), reply.get("geometry")
+    geometry = reply.get("geometry")
     if not (isinstance(geometry, list) and len(geometry) == len(reference)
             and all(_geometry_ok(g) for g in geometry)):
         return "the runner described its outputs in a form the evaluator cannot read"
+    pointers = pointers_of(reply, len(geometry))
     for k, (g, r) in enumerate(zip(geometry, reference)):
         if g[0] != r[0] or list(g[1]) != list(r[1]):
             return (f"output {k} of the timed calls is {g[0]} {tuple(g[1])}, the reference's {r[0]} {tuple(r[1])} "
@@ -79,9 +80,26 @@ def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = 
     return c
 
 
+def pointers_of(reply: dict, k: int) -> list[list[int]] | None:
+    """A go() reply's addresses, per call, k outputs each: n x k 64-bit integers, base64 ("packed"); None
+    if they cannot be read so."""
+    import array
+    import base64
+    import binascii
+    try:
+        raw = base64.b64decode(reply.get("packed", ""), validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        return None
+    if k <= 0 or len(raw) % (8 * k):
+        return None
+    flat = array.array("q")
+    flat.frombytes(raw)
+    return [list(flat[i:i + k]) for i in range(0, len(flat), k)]
+
+
 def views_of_inputs(reply: dict, inputs: list[tuple[int, int]]) -> set[int]:
     """(The reference's runner, trusted.) The outputs whose first call's address lies in its input file."""
-    first = (reply.get("pointers") or [[]])[0]
+    first = (pointers_of(reply, len(reply.get("geometry") or [])) or [[]])[0]
     return {k for k, a in enumerate(first) if any(lo <= a < hi for lo, hi in inputs)}
 
 

@@ -127,7 +127,7 @@ def test_both_runners_run_the_same_step_on_the_same_inputs():
         for x, y in zip(cand.outs, ref.outs):
             assert torch.equal(x, y)
         assert a["geometry"] == b["geometry"] == [["float32", [6, 5], [5, 1]]]
-        assert [p[0] for p in a["pointers"]] == [o.data_ptr() for o in cand.outs]
+        assert [p[0] for p in readout.pointers_of(a, 1)] == [o.data_ptr() for o in cand.outs]
     finally:
         _release()
 
@@ -186,7 +186,14 @@ REF_GEOMETRY = [["float32", [4, 8], [8, 1]]]
 
 
 def _reply(pointers, geometry=None):
-    return {"pointers": pointers, "geometry": geometry if geometry is not None else REF_GEOMETRY}
+    """A go() reply: the addresses packed as the runner packs them (n x k 64-bit integers, base64)."""
+    return {"packed": packed(pointers), "geometry": geometry if geometry is not None else REF_GEOMETRY}
+
+
+def packed(pointers) -> str:
+    import array
+    import base64
+    return base64.b64encode(array.array("q", [a for p in pointers for a in p]).tobytes()).decode()
 
 
 def test_a_claim_of_disjoint_outputs_is_accepted():
@@ -200,7 +207,9 @@ def test_a_claim_of_disjoint_outputs_is_accepted():
     (_reply([[4096]]), 2, "another number"),                                 # fewer calls than made
     (_reply([[4096, 8192]]), 1, "another number"),                           # more outputs than described
     (_reply([[-1]]), 1, "another number"),                                   # not an address
-    (_reply([[4096.0]]), 1, "another number"),                               # not an integer
+    ({"packed": "not base64!", "geometry": REF_GEOMETRY}, 1, "another number"),  # not the packing
+    ({"packed": "AAAA", "geometry": REF_GEOMETRY}, 1, "another number"),         # 3 bytes: no whole integer
+    ({"pointers": [[4096]], "geometry": REF_GEOMETRY}, 1, "another number"),     # a list is not read
     (_reply([[4096]], [["float64", [4, 8], [8, 1]]]), 1, "the reference's"),  # another dtype
     (_reply([[4096]], [["float32", [8, 4], [4, 1]]]), 1, "the reference's"),  # another shape
     (_reply([[4096]], [["complex256", [4, 8], [8, 1]]]), 1, "cannot read"),   # no such dtype
