@@ -363,23 +363,27 @@ class Timing:
     def _drain(self, b: clock.Batch, phase: str) -> EvalResult | None:
         """(GPU) Probe until a trivial kernel and a copy each way of the prober's (a context of its own, so
         either side pays the same switches) run at once IDLE_PROBES times in a row: the device holds no
-        one's work, on its compute or its copy engines. (Where
-        another context's kernel runs, the GPU time-slices between contexts, and one probe in several
-        lands at the start of its slice: a single fast probe let a kernel that never ends through.) The
-        time it takes is the batch's `phase` (settle: after "done", or with shared memory before "go";
-        probe: after the batch, before the other side's); its excess over the usual is charged."""
+        one's work, on its compute or its copy engines. (Without MPS the GPU time-slices between contexts,
+        and while another context's kernel runs one probe in several still lands at the start of a slice:
+        a single fast probe let a kernel that never ends through.) The batch's `phase` (settle: before "go"
+        with shared memory, after "done" in the fallback; probe: after the batch) is the time the device
+        was busy: until the first probe of the quiet run began. On an idle device that is exactly zero, so
+        the probes' own round trips, the same for both sides, add no noise to either side's cost."""
         t = time.monotonic()
         limit = max(self.opts.probe_ms, 4 * float(self.dev.info.get("probe_ms") or 0.05))
         copies = {k: 2 * v + COPY_SLACK_MS for k, v in (self.dev.info.get("probe_copy_ms") or {}).items()}
-        idle = 0
+        idle, quiet_since, before = 0, t, t
         while True:
             r = self.dev.probe()
             quiet = float(r.get("ms", math.inf)) <= limit and all(float(r.get(k, math.inf)) <= v for k, v in copies.items())
+            if quiet and idle == 0:
+                quiet_since = before
             idle = idle + 1 if quiet else 0
             if idle >= IDLE_PROBES:
-                setattr(b, phase, time.monotonic() - t)
+                setattr(b, phase, quiet_since - t)
                 return None
-            if time.monotonic() - t > self.opts.drain_s:
+            before = time.monotonic()
+            if before - t > self.opts.drain_s:
                 return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
                                   "after the candidate's calls returned: work left running after a call is part "
                                   "of the call", details=self.details)

@@ -167,3 +167,53 @@ def test_a_region_made_here_is_read_through_another_mapping():
     finally:
         other.close()
         r.close()
+
+
+class _Prober:
+    """A device whose probes are slow (busy) a given number of times, then fast, taking `each` s apiece."""
+
+    def __init__(self, busy: int, each: float = 0.002):
+        self.busy, self.each, self.calls = busy, each, 0
+        self.info = {"probe_ms": 0.02, "probe_copy_ms": {"h2d": 0.03, "d2h": 0.03}}
+
+    def probe(self) -> dict:
+        import time
+        time.sleep(self.each)
+        self.calls += 1
+        slow = self.calls <= self.busy or self.calls == self.busy + 2   # and one slow probe inside the run
+        return {"ms": 5.0 if slow else 0.02, "h2d": 0.03, "d2h": 0.03}
+
+
+def _drainer(dev):
+    from evaluate_kernel.common import Options
+    from evaluate_kernel.timing import Timing
+
+    class T(Timing):
+        pass
+    t = T()
+    t.opts, t.dev, t.details = Options(), dev, {}
+    return t
+
+
+def test_a_drain_charges_the_time_the_device_was_busy_and_nothing_on_an_idle_one():
+    """Idle: the phase is zero however long the probes' round trips take (they are the same for both
+    sides and would only add noise). Busy: the time until the quiet run of IDLE_PROBES began; a slow
+    probe inside a run starts it again."""
+    from evaluate_kernel import clock
+    from evaluate_kernel.timing import IDLE_PROBES
+    b = clock.Batch("cand", 1)
+    idle = _Prober(busy=0)
+    idle.calls = 2   # its one slow probe (busy + 2) is behind it
+    assert _drainer(idle)._drain(b, "probe") is None and b.probe == 0.0 and idle.calls == 2 + IDLE_PROBES
+    busy = _Prober(busy=3)
+    assert _drainer(busy)._drain(b, "settle") is None
+    assert busy.calls == 3 + 1 + 1 + IDLE_PROBES   # three slow, one fast, one slow, then the quiet run
+    assert 5 * busy.each * 0.9 <= b.settle <= 5 * busy.each + 0.05
+
+
+def test_a_device_that_never_goes_quiet_rejects_the_candidate():
+    from evaluate_kernel import clock
+    t = _drainer(_Prober(busy=10 ** 9, each=0.001))
+    t.opts.drain_s = 0.05
+    bad = t._drain(clock.Batch("cand", 1), "probe")
+    assert bad is not None and bad.status == "rejected" and "still busy" in bad.message
