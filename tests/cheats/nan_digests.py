@@ -1,7 +1,8 @@
 """Cheat class: values that no comparison can hold (NaN) where numbers are expected.
 
 How it cheats: where the runner tells the parent about its outputs it answers NaN: the digest of every
-call (a GPU batch), or every output's address and shape (a CPU batch). When a harness compares figures
+call (the GPU's fallback batch), or every output's address and shape (a CPU batch: the addresses as NaN
+in a list, and as "nan" where they are packed). When a harness compares figures
 with < and >, every comparison with NaN is false and checks skip themselves (samples of NaN once gave
 status "ok" with a NaN speedup).
 Seen: red-team pass on this evaluator (NaN samples).
@@ -30,7 +31,7 @@ if host is not None:
     def nan_go(self, layout=None):
         reply = go(self, layout)
         nan = float("nan")
-        return {"pointers": [[nan] for _ in reply["pointers"]], "geometry": [["float32", [nan], [nan]]]}
+        return {"packed": "nan", "pointers": [[nan]] * len(self.outs), "geometry": [["float32", [nan], [nan]]]}
     host.HostBatches.go = nan_go
 """)
 

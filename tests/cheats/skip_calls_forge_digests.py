@@ -31,7 +31,9 @@ if host is not None:
     import torch
     def claim_only(self, layout):
         self.outs = [torch.empty(8, 1, 30, 30) for _ in range(layout["n"])]
-        return {"pointers": [[o.data_ptr()] for o in self.outs],
+        import array, base64
+        packed = base64.b64encode(array.array("q", [o.data_ptr() for o in self.outs]).tobytes()).decode()
+        return {"packed": packed,
                 "geometry": [["float32", [8, 1, 30, 30], [900, 900, 30, 1]]]}
     host.HostBatches.go = claim_only
 """)
