@@ -292,6 +292,7 @@ def main() -> int:
                     f"last: {split(fresh)}); status {fresh.status} (target <= 20 s)")
             cached, cached_wall = timed_evaluate(ev, src)
             add("cached evaluation (same source again)", f"{cached_wall:.1f} s wall ({split(cached)}); status {cached.status}")
+            add("GPU timing protocol", str((cached.details or {}).get("gpu_protocol")))
             runs = {"cold": (cold, cold_wall), "new": (fresh, fresh_wall)} if fresh_walls else {"cold": (cold, cold_wall)}
             phases_md = phase_table(dict(runs, cached=(cached, cached_wall)))
             print("\nwhere the time goes\n" + phases_md, flush=True)
