@@ -81,22 +81,26 @@ class Device:
 
     def give_region(self, w: Worker) -> str | None:
         """(GPU) A new region from the reference worker, sent to runner w on its channel; or why not (the
-        evaluation then runs the digest protocol)."""
+        evaluation then runs the fallback protocol, and a reference worker that died meanwhile is the
+        evaluation's to find)."""
         size, inputs = self.region_layout()
-        reply = self.ref_call({"cmd": "region", "size": size})
-        if reply.get("kind") != "region":
-            return f"the reference worker could not make the shared memory: {reply.get('error')}"
-        start, rid = self.ref_starts, reply["id"]
         try:
-            fd = vmm.pidfd_getfd(self.ref.main_pid(), int(reply["fd"]))
+            reply = self.ref_call({"cmd": "region", "size": size})
+            if reply.get("kind") != "region":
+                return f"the reference worker could not make the shared memory: {reply.get('error')}"
+            start, rid = self.ref_starts, reply["id"]
             try:
-                w.send_fd(fd)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            self._free_region(start, rid)
-            return f"its descriptor could not be passed on: {e}"
-        self.ref_call({"cmd": "region_taken", "id": rid})
+                fd = vmm.pidfd_getfd(self.ref.main_pid(), int(reply["fd"]))
+                try:
+                    w.send_fd(fd)
+                finally:
+                    os.close(fd)
+            except (OSError, EOFError, AttributeError) as e:
+                self._free_region(start, rid)
+                return f"its descriptor could not be passed on: {e}"
+            self.ref_call({"cmd": "region_taken", "id": rid})
+        except RuntimeError as e:
+            return f"the reference worker failed while making it: {e}"
         w.region = (start, rid, int(reply["size"]), inputs)
         w.on_kill = lambda: self._free_region(start, rid)
         return None

@@ -217,3 +217,38 @@ def test_a_device_that_never_goes_quiet_rejects_the_candidate():
     t.opts.drain_s = 0.05
     bad = t._drain(clock.Batch("cand", 1), "probe")
     assert bad is not None and bad.status == "rejected" and "still busy" in bad.message
+
+
+def test_a_region_that_cannot_be_made_or_passed_leaves_the_runner_without_one():
+    """The evaluation then runs the fallback protocol: a reference worker that refuses, dies, or whose
+    descriptor cannot be taken gives a reason, never an exception out of the evaluation's start."""
+    class _W:
+        region, on_kill = None, None
+
+    def device(ref_call, ref=None) -> Device:
+        d = _device(80 << 30, 1 << 30, 1 << 20)
+        d.ref_call, d.ref, d.ref_starts = ref_call, ref, 1
+        d.ref_lock = __import__("threading").Lock()
+        return d
+
+    def refuses(req):
+        return {"kind": "error", "error": "CUresult 2"}
+
+    def dies(req):
+        raise RuntimeError("reference worker died")
+
+    class _Gone:
+        proc = type("P", (), {"poll": staticmethod(lambda: 0)})()
+
+        @staticmethod
+        def main_pid():
+            raise EOFError("the worker's namespace has no process")
+
+    def makes(req):
+        return {"kind": "region", "id": 7, "fd": 3, "size": 4 << 20} if req["cmd"] == "region" else {"kind": "ok"}
+
+    for ref_call, ref, why in [(refuses, None, "could not make"), (dies, None, "failed while making"),
+                               (makes, _Gone(), "could not be passed on")]:
+        w = _W()
+        problem = device(ref_call, ref).give_region(w)
+        assert isinstance(problem, str) and why in problem and w.region is None and w.on_kill is None
