@@ -52,9 +52,7 @@ digests its own outputs, by code it can replace, and a step is charged only beyo
 time for it: a leaner harness that fills the difference with the calls' work gains it (fourth red team:
 about 1.08x over the twin on a 10 us softmax, once 1.25x; nothing on conv_groupnorm). On a GPU, work of
 the candidate's still running while the probes say idle would go unseen (three fast probes in a row are
-required; the GPU time-slices between contexts). Between batches a runner runs once, untimed, to free its
-last outputs, before its next inputs exist: what it might prepare then (memory, caches) is not charged
-(nothing measured it). Every set of a batch is in the runner's memory when its first call starts, so a
+required; the GPU time-slices between contexts). Every set of a batch is in the runner's memory when its first call starts, so a
 candidate can compute several calls' outputs at once (the sixth red team measured no profit from it).
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without

@@ -17,8 +17,6 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
 | runner | <-  | outputs        | path, unmapped, marks, confined          | trial outputs saved to path              |
 | runner | <-  | error/rejected | where, error                             | import, forward or timing failed         |
-| runner | ->  | cmd=free (CPU, |                                          | the last batch's outputs go (untimed,    |
-| runner | <-  | freed GPU sh.) |                                          | before the next inputs are written)      |
 | runner | ->  | cmd=go (CPU,   | layout                                   | views over the input memory, n calls     |
 |        |     | GPU shared)    |                                          | (GPU: allocating in its region, a sync)  |
 | runner | <-  | done           | packed, geometry                         | where each call's outputs lie (GPU:      |

@@ -223,16 +223,11 @@ class Timing:
         it now; GPU: read by the reference worker, where the claim says). Its failure is the reference's:
         RuntimeError, and a new runner for the next timing."""
         rr, gpu = self.rr, self.ev.device == "cuda"
-        try:
-            pid = rr.main_pid()
-            stop(pid)   # stopped already, except in its first batch
-            self._free_outputs(rr, pid)
-        except (EOFError, TimeoutError, OSError, RuntimeError) as e:
-            self.dev.drop_ref_runner()
-            raise RuntimeError(f"the reference's runner failed ({e!r})") from None
         layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference"}),
                               "filled")["layout"]
         try:
+            pid = rr.main_pid()
+            stop(pid)   # stopped already, except in its first batch
             b = clock.Batch("ref", n)
             if gpu and self._drain(b, "settle") is not None:   # as the candidate's: the same steps, both sides
                 raise RuntimeError("the GPU stayed busy before the reference's batch")
@@ -261,7 +256,6 @@ class Timing:
         same ones next); it runs only inside its one step, timed with it stopped before and after (on a
         GPU the device is then drained, the wait charged to the batch)."""
         gpu = self.ev.device == "cuda"
-        self._free_outputs(self.w, self.main)
         reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "runner"}), "filled")
         b = clock.Batch("cand", n)
         if gpu:   # nothing of the candidate's may run on the GPU while its inputs are written (and after)
@@ -282,30 +276,6 @@ class Timing:
             return _forged(self.details, c), None
         c.layout = reply["layout"]
         return b, c
-
-    def _free_outputs(self, w: Worker, pid: int) -> None:
-        """The runner frees its last batch's outputs (checked already), untimed, before the next inputs are
-        written: nothing new to work on yet, and GPU work it leaves is the next drain's (charged). Freeing
-        a thousand small outputs took milliseconds, which inside the step were a call's cost on both sides
-        (and drew every speedup of small calls toward 1)."""
-        w.send({"cmd": "free"})
-        os.kill(pid, signal.SIGCONT)
-        if w is self.w:
-            self._frozen = False
-        try:
-            reply = w.recv(max(0.0, self.deadline - time.monotonic())) if w is self.w else w.recv(self.opts.run_timeout_s)
-        finally:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
-            stop(pid, signal_sent=True)
-            if w is self.w:
-                self._frozen = True
-        if reply.get("kind") != "freed":
-            if w is self.w:
-                raise _Answered(reply)
-            raise RuntimeError(f"the reference's runner answered {reply.get('kind')}: {reply.get('error')}")
 
     def _let_go(self, w: Worker, pid: int, req: dict, b: clock.Batch) -> dict:
         """Send a stopped runner its step, let it run, and stop it again when it answers: b.calls is the

@@ -230,17 +230,13 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
 
 
 def _serve_host(batches: HostBatches, send, recv) -> None:
-    """(CPU, and a GPU with shared memory) free and go, as many batches as the parent asks for: the parent
-    stops this process between steps."""
+    """(CPU, and a GPU with shared memory) go, as many batches as the parent asks for: the parent stops
+    this process between them."""
     while True:
         req = recv()
-        if req.get("cmd") == "free":
-            batches.free()
-            send({"kind": "freed"})
-        elif req.get("cmd") == "go":
-            send({"kind": "done", **batches.go(req["layout"])})
-        else:
+        if req.get("cmd") != "go":
             return
+        send({"kind": "done", **batches.go(req["layout"])})
 
 
 def _serve_batches(batches: Batches, send, recv) -> None:

@@ -132,6 +132,39 @@ def test_both_runners_run_the_same_step_on_the_same_inputs():
         _release()
 
 
+def test_a_batchs_outputs_are_freed_inside_the_next_timed_step():
+    """Freeing an output runs the candidate's code (a finalizer, a __del__): it happens inside go(), which
+    the parent times, never in a step of its own between batches (where a finalizer pre-faulted the next
+    batch's output buffers untimed: 2.3-2.5x over the twin on 256 MB outputs)."""
+    import weakref
+    ns: dict = {}
+    exec(textwrap.dedent("""
+        import torch
+        def get_inputs():
+            return [torch.randn(6, 5)]
+    """), ns)
+    events: list[str] = []
+
+    def forward(x):
+        events.append("call")
+        out = x * 2
+        weakref.finalize(out, events.append, "freed")
+        return out
+    arenas = {"runner": Arena.create(1 << 20), "reference": Arena.create(1 << 20)}
+    try:
+        inputs = HostInputs(ns, arenas)
+        runner = HostBatches(Fn(forward), arenas["runner"], CALL)
+        runner.go(inputs.fill(1, 3, "runner"))
+        assert events == ["call"] * 3
+        layout = inputs.fill(2, 3, "runner")   # between the steps: nothing of the runner's runs
+        assert events == ["call"] * 3
+        runner.go(layout)
+        assert events == ["call"] * 3 + ["freed"] * 3 + ["call"] * 3
+        assert not hasattr(runner, "free")   # no step of the runner's but go()
+    finally:
+        _release()
+
+
 def _release() -> None:
     import gc
 
