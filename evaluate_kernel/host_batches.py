@@ -84,7 +84,7 @@ class GpuArena:
     at a layout below `inputs` bytes, the runner's allocations in the calls above it."""
 
     def __init__(self, region, inputs: int):
-        self.region, self.size, self.inputs = region, inputs, inputs   # size: what a layout may fill
+        self.region, self.size = region, inputs   # size: what a layout may fill (the input part)
         self.base = region.ptr
         self._flat: dict = {}
 
