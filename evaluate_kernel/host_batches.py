@@ -34,7 +34,7 @@ import os
 import secrets
 
 from .common import DTYPE_SIZES, _flat, compare_outputs, torch_dtype
-from .readout import load
+from .readout import _extent as _span, load
 
 ALIGN = 64          # every input starts on a cache line
 MAX_SHIFT = 1 << 20  # a batch's layout starts at a random offset below this: addresses change per batch
@@ -102,7 +102,7 @@ class GpuArena:
         dtype, shape, stride = geometry
         t = torch_dtype(dtype)
         size = torch.empty((), dtype=t).element_size()
-        span = _extent_of(shape, stride) * size
+        span = _span(shape, stride) * size
         flat = self.region.bytes[offset:offset + max(span, size)].view(t)
         return flat.as_strided(shape, stride) if span else torch.empty(shape, dtype=t, device=flat.device)
 
@@ -318,9 +318,3 @@ def _views(cache: dict, whole, layout: dict) -> list[list]:
                                   (int(layout["base"]) + int(item["offset"])) // size)
             cols.append(big.unbind(0))
     return [list(xs) for xs in zip(*cols)]
-
-
-def _extent_of(shape: list[int], stride: list[int]) -> int:
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
