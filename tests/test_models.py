@@ -221,8 +221,10 @@ def test_the_cap_stops_new_calls_exactly():
 @given(st.floats(0.001, 1), st.lists(st.tuples(st.integers(0, 20_000), st.floats(0, 1)), min_size=1, max_size=40),
        st.integers(1, 4))
 def test_the_spend_never_passes_the_cap_when_calls_cost_at_most_their_estimate(cap, calls, in_flight):
-    """Calls reserved `in_flight` at a time (as islands do), each costing at most its estimate: the paid
-    total never passes the cap, and a call is refused exactly when its estimate does not fit."""
+    """Calls reserved `in_flight` at a time (as islands do), each costing at most its estimate (its prompt at
+    the model's 3 characters a token, a reply up to the longest): the paid total never passes the cap, and a
+    call is refused exactly when its estimate does not fit. (Prompts billed at fewer tokens than that once
+    taught the estimate more characters a token, and a later prompt then cost more than its estimate.)"""
     spend = models.Spend({"m": Price(2, 8)}, max_output_tokens=2000)
     spend.settle("m", 0.0, 3000, {"input": 1000, "output": 10})   # the model's tokens per character: 1/3
     spend.cap = cap = spend.total + cap
@@ -230,7 +232,7 @@ def test_the_spend_never_passes_the_cap_when_calls_cost_at_most_their_estimate(c
     for chars, fraction in calls:
         if len(flight) >= in_flight:
             est, c, f = flight.pop(0)
-            spend.settle("m", est, c, {"input": int(c / 3 * f), "output": int(2000 * f)}, island=0)
+            spend.settle("m", est, c, {"input": int(c / 3), "output": int(2000 * f)}, island=0)
         before = spend.total + spend.reserved
         est = spend.estimate("m", chars)
         try:
@@ -240,7 +242,7 @@ def test_the_spend_never_passes_the_cap_when_calls_cost_at_most_their_estimate(c
             break
         assert before + est <= cap + 1e-12
     for est, c, f in flight:
-        spend.settle("m", est, c, {"input": int(c / 3 * f), "output": int(2000 * f)}, island=0)
+        spend.settle("m", est, c, {"input": int(c / 3), "output": int(2000 * f)}, island=0)
     assert spend.total <= cap + 1e-12 and spend.reserved == pytest.approx(0, abs=1e-12)
 
 
