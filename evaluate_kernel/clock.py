@@ -18,7 +18,7 @@ sides and a batch's cost is its calls. On a GPU with shared memory the same, and
 "done" before its work is over leaves the rest to the probe. On a GPU a batch's cost is its calls plus, for each bookkeeping phase, the phase's deviation from its side's
 median plus how much longer that median is than the reference's (never shorter):
 
-    cost = calls + sum over phases of (phase - median of the side) + max(0, median of the side - median of the reference)
+    cost = calls - fixed + sum over phases of (phase - median of the side) + max(0, median of the side - median of the reference)
     (never below half the calls: see cost_ms)
 
 So work moved out of the calls into drawing, settling, digesting or a tail on the GPU is charged in full:
@@ -37,6 +37,13 @@ from the moment it is let go to the moment it is stopped, read by the parent fro
 worker stopped (a running thread's time is brought up to
 date only at scheduler events), so a busy neighbour that takes the core adds nothing (the runner may
 not start processes there: confine.py).
+
+A batch also costs a fixed amount besides its calls, the same whatever it holds: on a GPU with shared
+memory, waking the stopped runner, the GPU switching back to its context from the prober's, the last
+synchronise and the answer, 0.7-0.9 ms on an H100. Left in, it is 4% of a 20 ms batch and pulls every
+speedup towards 1 (a 2.58x kernel read 2.52x with 11 calls a batch, 2.32x with 2). fixed_cost() finds it
+from the reference's batches of one call and of n (the baseline's run, timing.py), and cost_ms takes it
+off every batch of either side.
 
 Batches alternate r0 c0 r1 c1 ... c(k-1) rk; candidate batch i sits between reference batches i and i+1
 (the second one on the same inputs, so its kept outputs check the candidate's), so a machine that drifts
@@ -85,29 +92,48 @@ def typical(batches: list[Batch]) -> dict[str, float]:
     return {p: _median([getattr(b, p) for b in batches]) for p in BOOKKEEPING}
 
 
-def cost_ms(b: Batch, own: dict[str, float], ref: dict[str, float]) -> float:
-    """A batch's cost per call: its calls, each phase's deviation from its side's median (own), and the
+def cost_ms(b: Batch, own: dict[str, float], ref: dict[str, float], fixed: float = 0.0) -> float:
+    """A batch's cost per call: its calls less the batch's fixed cost (`fixed`, seconds: measured on the
+    reference's runner, fixed_cost()), each phase's deviation from its side's median (own), and the
     amount by which that median exceeds the reference's (ref), never less than zero. Never less than
     half the batch's calls either: where bookkeeping takes several times the calls (a 10 us call on a
     GPU), a batch whose bookkeeping ran unusually fast would otherwise cost nothing or less, and a ratio
     of such costs is no speedup (an honest candidate was rejected for it). The floor only raises costs,
     on both sides alike."""
     extra = sum(getattr(b, p) - own[p] + max(0.0, own[p] - ref[p]) for p in BOOKKEEPING)
-    return max(b.calls + extra, b.calls / 2) / b.n * 1e3
+    return max(b.calls - fixed + extra, b.calls / 2) / b.n * 1e3
 
 
-def figures(refs: list[Batch], cands: list[Batch], skip: int = 1) -> Figures | None:
+def fixed_cost(pairs: list[tuple[Batch, Batch]]) -> float:
+    """Seconds a batch costs besides its calls (waking the stopped runner, the GPU switching back to its
+    context, the last synchronise and the answer), from pairs of the reference's batches of two sizes,
+    n1 < n2, on the assumption that a batch takes fixed + n * per_call: the median over the pairs of
+    (n2 * t1 - n1 * t2) / (n2 - n1), within [0, the smaller batch's median time]."""
+    est, small = [], []
+    for a, b in pairs:
+        (a, b) = (a, b) if a.n < b.n else (b, a)
+        if a.n == b.n:
+            continue
+        est.append((b.n * a.calls - a.n * b.calls) / (b.n - a.n))
+        small.append(a.calls)
+    if not est:
+        return 0.0
+    return min(max(0.0, _median(est)), _median(small))
+
+
+def figures(refs: list[Batch], cands: list[Batch], skip: int = 1, fixed: float = 0.0) -> Figures | None:
     """The speedup from alternated batches (refs has one more than cands, r_i before c_i before r_i+1);
-    the first `skip` pairs are warm-up. None while no pair counts yet."""
+    the first `skip` pairs are warm-up; `fixed`, every batch's fixed cost (seconds). None while no pair
+    counts yet."""
     if len(refs) != len(cands) + 1:
         raise ValueError(f"{len(refs)} reference batches around {len(cands)} candidate batches")
     if len(cands) <= skip:
         return None
     ref_usual, cand_usual = typical(refs[skip:]), typical(cands[skip:])
-    ref_costs = [cost_ms(b, ref_usual, ref_usual) for b in refs]
+    ref_costs = [cost_ms(b, ref_usual, ref_usual, fixed) for b in refs]
     ratios, cand_costs = [], []
     for i in range(skip, len(cands)):
-        c = cost_ms(cands[i], cand_usual, ref_usual)
+        c = cost_ms(cands[i], cand_usual, ref_usual, fixed)
         cand_costs.append(c)
         ratios.append((ref_costs[i] + ref_costs[i + 1]) / 2 / c)
     low, high = median_interval(ratios)

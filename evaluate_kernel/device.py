@@ -6,17 +6,23 @@ state one timing slot needs.
 """
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
 import secrets
 import shutil
 import signal
+import statistics
 import tempfile
 import threading
 
 from . import vmm
 from .common import lock_path, open_lock
 from .protocol import Worker
+
+SWITCHES_KEPT = 31      # (GPU) the reference side's latest first probes, whose median is a switch's cost ...
+SWITCH_CAP_MS = 1.0     # ... never above this (the reference side's drains are ours; this only bounds a fault)
+
 
 class Device:
     """One timing slot: a GPU (or the CPU), its reference worker, its lock and its cached baseline."""
@@ -47,6 +53,10 @@ class Device:
                 self.info["probe_copy_ms"] = {k: float(v) for k, v in (ready.get("probe_copy_ms") or {}).items()}
             except (TimeoutError, EOFError) as e:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
+        # (GPU) The first probe after another context's work waits while the GPU switches to the prober's
+        # context (0.15-0.2 ms on an H100, where an idle probe takes 0.02): what the reference side's drains
+        # saw first, which timing._drain charges nobody for.
+        self.switches: collections.deque = collections.deque(maxlen=SWITCHES_KEPT)
         # (CPU; a GPU with shared memory) The reference is timed in a runner of its own (host_batches.py).
         self.ref_runner: Worker | None = None
         self._ref_runner_ready = False
@@ -273,6 +283,20 @@ class Device:
             raise RuntimeError("the GPU prober died") from None
         return reply
 
+    def note_switch(self, probe: dict) -> None:
+        """(GPU) The first probe of a drain of the reference side's: a switch of contexts, nothing else."""
+        steps = {k: float(probe[k]) for k in ("ms", "h2d", "d2h") if isinstance(probe.get(k), (int, float))}
+        if steps and all(0 <= v < 1e3 for v in steps.values()):
+            self.switches.append(steps)
+
+    def switch_ms(self) -> dict[str, float] | None:
+        """(GPU) What each probe step typically takes right after another context's work, or None before
+        the reference side's first drain."""
+        if not self.switches:
+            return None
+        keys = set.intersection(*(set(s) for s in self.switches))
+        return {k: min(SWITCH_CAP_MS, statistics.median(s[k] for s in self.switches)) for k in keys}
+
     def env(self) -> dict[str, str]:
         extra = {"CUDA_VISIBLE_DEVICES": self.physical} if self.ev.device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
         return self.ev.env(**extra)
@@ -320,6 +344,11 @@ class Device:
     def ref_ms(self) -> float | None:
         """The reference's time per call, from the baseline's run (None until it ran): it sizes batches."""
         return (self.baseline or {}).get("baseline_ms")
+
+    @property
+    def fixed_ms(self) -> float:
+        """(GPU with shared memory) What a batch costs besides its calls, from the baseline's run."""
+        return float((self.baseline or {}).get("fixed_ms") or 0.0)
 
     @property
     def gpu_lock_path(self) -> str:

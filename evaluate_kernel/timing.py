@@ -33,6 +33,7 @@ from .stopped import cpu_seconds, stop
 from .verdict import forged as _forged
 
 IDLE_PROBES = 3   # fast probes in a row that say the GPU is idle (_drain)
+FIXED_PAIRS = 5   # pairs of the reference's batches (one call, a whole batch) that measure a batch's fixed cost
 COPY_SLACK_MS = 0.05   # a probe's copy is busy beyond twice its idle time and this (idle: ~0.03 ms a MiB)
 
 
@@ -78,12 +79,22 @@ class Timing:
                                       "a candidate may not make its process unreadable (if every candidate gets this, "
                                       "the machine forbids reading a child's memory: Yama's ptrace_scope above 1)",
                                       details=self.details)
+            if gpu:   # no set-up work (a new region, the last runner's teardown) lands in the first batches
+                wait = clock.Batch("ref", 1)
+                bad = self._drain(wait, "settle")
+                if bad is not None:
+                    return bad
+                self.details["idle_wait_ms"] = round(wait.settle * 1e3, 3)
             cands, checks = [], []
             ref_ms = dev.ref_ms
             if ref_ms is None:   # the baseline's run: the reference alone first, to size the batches
                 r0 = self._calibrate(budget, per_call_bytes)
                 ref_ms = r0.calls / r0.n * 1e3
             n = clock.calls_per_batch(ref_ms, None, per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget)
+            fixed = 0.0   # what a batch costs besides its calls, taken off both sides' (GPU, shared memory)
+            if gpu and host:
+                fixed = self._fixed_cost(n) if dev.ref_ms is None else dev.fixed_ms / 1e3
+                self.details["batch_fixed_ms"] = round(fixed * 1e3, 4)
             first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
             refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
             started, f = time.monotonic(), None
@@ -98,8 +109,8 @@ class Timing:
                 cands.append(c)
                 if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
                     # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
-                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, clock.typical([c]),
-                                                                                 clock.typical(refs[-1:])),
+                    # (by its calls alone: one slow drain in a batch sized every batch of the evaluation)
+                    n_next = max(n, clock.calls_per_batch(ref_ms, max(c.calls - fixed, c.calls / 2) / c.n * 1e3,
                                                           per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
                 else:
                     n_next = n
@@ -138,7 +149,7 @@ class Timing:
                     return bad
                 self._spent("check", t)
                 n = n_next
-                f = clock.figures(refs, cands)
+                f = clock.figures(refs, cands, fixed=fixed)
                 out_of_time = time.monotonic() - started > budget_s and f is not None   # one pair counts, always
                 if clock.enough(f, target, opts.min_pairs) or out_of_time:
                     break
@@ -167,6 +178,20 @@ class Timing:
                 break
             n = min(n_max, max(2 * n, math.ceil(n * self.opts.batch_ms / 2 / max(ms, 1e-3))))
         return b
+
+    def _fixed_cost(self, n: int) -> float:
+        """(GPU with shared memory, the baseline's run) Seconds every batch costs besides its calls, the
+        same for either side: waking the stopped runner, the GPU switching back to its context from the
+        prober's, the last synchronise, the answer (0.7-0.9 ms on an H100: 4% of a 20 ms batch, which
+        pulled every speedup towards 1). Measured on the reference's runner, never the candidate's, from
+        FIXED_PAIRS batches of one call and as many of n (clock.fixed_cost). Each follows one of its own
+        size, as in a timing, where a step frees the outputs of the batch before it: a batch of one call
+        after one of n freed n outputs in its step (on softmax@v0, 1.7 ms read as fixed)."""
+        if n < 2:
+            return 0.0
+        sides = [[self._host_ref_batch(secrets.randbits(31), size) for _ in range(FIXED_PAIRS + 1)][1:]
+                 for size in (1, n)]
+        return clock.fixed_cost(list(zip(*sides)))
 
     def _clock(self, pid: int):
         """What a batch's steps are timed by: this process's clock on a GPU; on the CPU the worker's own CPU
@@ -335,24 +360,44 @@ class Timing:
         either side pays the same switches) run at once IDLE_PROBES times in a row: the device holds no
         one's work, on its compute or its copy engines. (Without MPS the GPU time-slices between contexts,
         and while another context's kernel runs one probe in several still lands at the start of a slice:
-        a single fast probe let a kernel that never ends through.) The batch's `phase` (settle: before "go"
-        with shared memory, after "done" in the fallback; probe: after the batch) is the time the device
-        was busy: until the first probe of the quiet run began. On an idle device that is exactly zero, so
-        the probes' own round trips, the same for both sides, add no noise to either side's cost."""
+        a single fast probe let a kernel that never ends through.) The first probe waits for the GPU to
+        switch contexts as well, so it is judged against what that costs (Device.switch_ms, from the
+        reference side's drains), and the others against an idle device.
+
+        The batch's `phase` (settle: before "go" with shared memory, after "done" in the fallback; probe:
+        after the batch) is the time the device was busy: how much longer the first probe's steps took
+        than a switch, and if it was not quiet, the time from its end until the quiet run began. On an
+        idle device that is the switch's jitter, a few hundredths of a millisecond; work left running
+        shows up in full, in the first probe's wait or the probes after it. (Charging every drain whose
+        first probe was slow its whole round trip, 0.8 ms, charged an honest batch in five to fifteen
+        per cent of the drains, at random: 1-3% on the speedup of a 2 ms call.)"""
         t = time.monotonic()
-        limit = max(self.opts.probe_ms, 4 * float(self.dev.info.get("probe_ms") or 0.05))
-        copies = {k: 2 * v + COPY_SLACK_MS for k, v in (self.dev.info.get("probe_copy_ms") or {}).items()}
-        idle, quiet_since, before = 0, t, t
+        info = self.dev.info
+        idle = {"ms": float(info.get("probe_ms") or 0.05), **(info.get("probe_copy_ms") or {})}
+        limits = {k: max(self.opts.probe_ms, 4 * v) if k == "ms" else 2 * v + COPY_SLACK_MS for k, v in idle.items()}
+        switch = self.dev.switch_ms() or {}
+        switch = {k: switch.get(k, v) for k, v in idle.items()}
+        first_limits = {k: max(limits[k], 2 * switch[k] + COPY_SLACK_MS) for k in limits}
+        idle_run, quiet_since, before, first_end, excess = 0, t, t, None, 0.0
         while True:
             r = self.dev.probe()
-            quiet = float(r.get("ms", math.inf)) <= limit and all(float(r.get(k, math.inf)) <= v for k, v in copies.items())
-            if quiet and idle == 0:
+            steps = {k: float(r.get(k, math.inf)) for k in limits}
+            now = time.monotonic()
+            if first_end is None:
+                first_end = now
+                if b.side == "ref":
+                    self.dev.note_switch(r)
+                excess = sum(max(0.0, v - switch[k]) for k, v in steps.items() if math.isfinite(v)) / 1e3
+                quiet = all(v <= first_limits[k] for k, v in steps.items())
+            else:
+                quiet = all(v <= limits[k] for k, v in steps.items())
+            if quiet and idle_run == 0:
                 quiet_since = before
-            idle = idle + 1 if quiet else 0
-            if idle >= IDLE_PROBES:
-                setattr(b, phase, quiet_since - t)
+            idle_run = idle_run + 1 if quiet else 0
+            if idle_run >= IDLE_PROBES:
+                setattr(b, phase, excess + max(0.0, quiet_since - first_end))
                 return None
-            before = time.monotonic()
+            before = now
             if before - t > self.opts.drain_s:
                 return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
                                   "after the candidate's calls returned: work left running after a call is part "

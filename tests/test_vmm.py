@@ -170,18 +170,26 @@ def test_a_region_made_here_is_read_through_another_mapping():
 
 
 class _Prober:
-    """A device whose probes are slow (busy) a given number of times, then fast, taking `each` s apiece."""
+    """A device whose probes are slow (busy) a given number of times, then fast, taking `each` s apiece;
+    its first probe takes `first` ms on the kernel (a switch of contexts, or work left running)."""
 
-    def __init__(self, busy: int, each: float = 0.002):
-        self.busy, self.each, self.calls = busy, each, 0
+    def __init__(self, busy: int, each: float = 0.002, first: float = 0.02, switch: dict | None = None):
+        self.busy, self.each, self.first, self.calls = busy, each, first, 0
         self.info = {"probe_ms": 0.02, "probe_copy_ms": {"h2d": 0.03, "d2h": 0.03}}
+        self.switch, self.noted = switch, []
 
     def probe(self) -> dict:
         import time
         time.sleep(self.each)
         self.calls += 1
         slow = self.calls <= self.busy or self.calls == self.busy + 2   # and one slow probe inside the run
-        return {"ms": 5.0 if slow else 0.02, "h2d": 0.03, "d2h": 0.03}
+        return {"ms": 5.0 if slow else self.first if self.calls == 1 else 0.02, "h2d": 0.03, "d2h": 0.03}
+
+    def switch_ms(self):
+        return self.switch
+
+    def note_switch(self, r: dict) -> None:
+        self.noted.append(r)
 
 
 def _drainer(dev):
@@ -195,20 +203,64 @@ def _drainer(dev):
     return t
 
 
+SWITCH = {"ms": 0.2, "h2d": 0.1, "d2h": 0.04}   # an H100's first probe after another context's work
+
+
 def test_a_drain_charges_the_time_the_device_was_busy_and_nothing_on_an_idle_one():
-    """Idle: the phase is zero however long the probes' round trips take (they are the same for both
-    sides and would only add noise). Busy: the time until the quiet run of IDLE_PROBES began; a slow
-    probe inside a run starts it again."""
+    """Idle: nothing, however long the probes' round trips take (they are the same for both sides and
+    would only add noise), even where the first probe paid the switch of contexts. Busy: the time until
+    the quiet run of IDLE_PROBES began; a slow probe inside a run starts it again."""
     from evaluate_kernel import clock
     from evaluate_kernel.timing import IDLE_PROBES
     b = clock.Batch("cand", 1)
-    idle = _Prober(busy=0)
-    idle.calls = 2   # its one slow probe (busy + 2) is behind it
+    idle = _Prober(busy=0, first=0.2, switch=SWITCH)
+    idle.calls = 2   # its one slow probe (busy + 2) is behind it; the next is not its first: an idle one
     assert _drainer(idle)._drain(b, "probe") is None and b.probe == 0.0 and idle.calls == 2 + IDLE_PROBES
-    busy = _Prober(busy=3)
+    switching = _Prober(busy=0, first=0.19, switch=SWITCH)
+    switching.busy = -5   # no slow probe at all
+    assert _drainer(switching)._drain(b, "probe") is None and b.probe == 0.0 and switching.calls == IDLE_PROBES
+    busy = _Prober(busy=3, switch=SWITCH)
     assert _drainer(busy)._drain(b, "settle") is None
     assert busy.calls == 3 + 1 + 1 + IDLE_PROBES   # three slow, one fast, one slow, then the quiet run
-    assert 5 * busy.each * 0.9 <= b.settle <= 5 * busy.each + 0.05
+    # the first probe's wait beyond a switch (4.8 ms), then from its end to the quiet run: four probes
+    assert 4.8e-3 + 4 * busy.each * 0.9 <= b.settle <= 4.8e-3 + 4 * busy.each + 0.05
+
+
+def test_work_left_running_is_charged_by_how_long_it_held_the_first_probe():
+    """A first probe that waited 0.3 ms beyond a switch, then quiet ones: 0.3 ms, not a whole round trip
+    (the charge grows with the work left, from zero, with no step an honest switch falls over at random)."""
+    from evaluate_kernel import clock
+    for first in (0.25, 0.5, 0.8):
+        p = _Prober(busy=0, first=first, switch=SWITCH, each=0.003)
+        p.busy = -5
+        b = clock.Batch("cand", 1)
+        assert _drainer(p)._drain(b, "probe") is None
+        assert abs(b.probe - (first - SWITCH["ms"]) / 1e3) < 1e-9
+
+
+def test_only_the_reference_sides_first_probes_teach_what_a_switch_costs():
+    """A candidate that leaves work behind would otherwise raise the allowance its own work hides under."""
+    from evaluate_kernel import clock
+    for side, noted in (("ref", 1), ("cand", 0)):
+        p = _Prober(busy=0, first=0.2, switch=None)
+        p.busy = -5
+        assert _drainer(p)._drain(clock.Batch(side, 1), "probe") is None
+        assert len(p.noted) == noted
+
+
+def test_a_switch_costs_the_median_of_the_reference_sides_first_probes_capped():
+    from evaluate_kernel.device import SWITCH_CAP_MS, SWITCHES_KEPT, Device
+    d = Device.__new__(Device)
+    import collections
+    d.switches = collections.deque(maxlen=SWITCHES_KEPT)
+    assert d.switch_ms() is None
+    for ms in (0.2, 0.18, 0.25, 50.0, 0.21):
+        d.note_switch({"ms": ms, "h2d": 0.1, "d2h": 0.04, "kind": "probed"})
+    d.note_switch({"ms": float("nan"), "h2d": 0.1, "d2h": 0.04})   # refused: not a time
+    assert d.switch_ms() == {"ms": 0.21, "h2d": 0.1, "d2h": 0.04}
+    for _ in range(SWITCHES_KEPT):
+        d.note_switch({"ms": 7.0, "h2d": 0.1, "d2h": 0.04})
+    assert d.switch_ms()["ms"] == SWITCH_CAP_MS
 
 
 def test_a_device_that_never_goes_quiet_rejects_the_candidate():
