@@ -52,10 +52,15 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
 Not protected: in the GPU's fallback protocol (no shared memory) the runner draws its own inputs and
 digests its own outputs, by code it can replace, and a step is charged only beyond the reference worker's
 time for it: a leaner harness that fills the difference with the calls' work gains it (fourth red team:
-about 1.08x over the twin on a 10 us softmax, once 1.25x; nothing on conv_groupnorm). On a GPU, work of
-the candidate's still running while the probes say idle would go unseen (three fast probes in a row are
-required; the GPU time-slices between contexts). Every set of a batch is in the runner's memory when its first call starts, so a
-candidate can compute several calls' outputs at once (the sixth red team measured no profit from it).
+about 1.08x over the twin on a 10 us softmax, once 1.25x; nothing on conv_groupnorm). The harness's batch
+step runs in the candidate's process too, with shared memory as without, and can be replaced: a C++ loop of
+launches in place of the calls read 1.32x its twin on softmax@v0, and every set of a batch is in the
+runner's memory when its first call starts, so one launch over all of them read about 10x its twin there
+(seventeenth red team; the sixth measured no profit from computing several calls at once). On a GPU, work
+of the candidate's still running while the probes say idle goes unseen: the GPU time-slices between
+contexts, and a tail of short kernels left queued at "done" lets a probe in between them (three fast
+probes in a row are required); leaving a call's last kernels running read 1.048x its twin on
+conv_groupnorm (seventeenth red team).
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the

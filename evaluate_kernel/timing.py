@@ -290,9 +290,12 @@ class Timing:
         msg = self._let_go(self.w, self.main, {"cmd": "go", "layout": reply["layout"]}, b)
         if msg.get("kind") != "done":
             raise _Answered(msg)
-        bad = self._freeze()
-        if bad is None and gpu:
-            bad = self._drain(b, "probe")
+        # (GPU) The drain starts the moment the runner has stopped, before anything else of ours takes time
+        # (the search for its other processes takes milliseconds): work still running is seen, and charged,
+        # from then on.
+        bad = self._drain(b, "probe") if gpu else None
+        if bad is None:
+            bad = self._freeze()
         if bad is not None:
             return bad, None
         c = readout.claim(msg, n, self._ref_geometry or [], self._input_ranges(self.w, self.main, reply["layout"]),
@@ -305,7 +308,8 @@ class Timing:
     def _let_go(self, w: Worker, pid: int, req: dict, b: clock.Batch) -> dict:
         """Send a stopped runner its step, let it run, and stop it again when it answers: b.calls is the
         step's time (CPU: the runner's CPU time, read stopped; GPU: this process's clock from the moment it
-        is let go to the moment the stop is sent, the device's remaining work then drained by the caller)."""
+        is let go until every thread of it has stopped, the device's remaining work then drained by the
+        caller)."""
         gpu = self.ev.device == "cuda"
         w.send(req)
         t = time.monotonic() if gpu else cpu_seconds(pid, stopped=True)
@@ -319,9 +323,10 @@ class Timing:
                 os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
                 pass
-            if gpu:
-                b.calls = time.monotonic() - t
             stop(pid, signal_sent=True)
+            if gpu:   # until every thread has stopped: one that holds off the stop (in vfork, its child
+                # waiting for the device) is still the step's, and so is what the device does meanwhile
+                b.calls = time.monotonic() - t
             if w is self.w:
                 self._frozen = True
         if not gpu:

@@ -263,6 +263,77 @@ def test_a_switch_costs_the_median_of_the_reference_sides_first_probes_capped():
     assert d.switch_ms()["ms"] == SWITCH_CAP_MS
 
 
+class _Stub:
+    """A runner that answers at once; the steps around it recorded in order."""
+
+    def __init__(self, order: list):
+        self.order = order
+
+    def send(self, msg):
+        self.order.append("send")
+
+    def recv(self, timeout=None):
+        return {"kind": "done", "ok": True}
+
+
+def _gpu_timing(order: list):
+    from types import SimpleNamespace
+
+    from evaluate_kernel.common import Options
+    from evaluate_kernel.timing import Timing
+
+    class T(Timing):
+        def _drain(self, b, phase):
+            order.append(f"drain {phase}")
+
+        def _freeze(self):
+            order.append("freeze")
+    t = T()
+    t.opts, t.details, t.deadline = Options(), {}, 1e18
+    t.ev = SimpleNamespace(device="cuda")
+    t.w, t.main = _Stub(order), os.getpid()
+    t._expect = lambda reply, kind: reply
+    return t
+
+
+def test_a_gpu_batchs_clock_runs_until_every_thread_of_the_runner_has_stopped(monkeypatch):
+    """A thread that holds off the stop (waiting in vfork for a child that waits for the device) keeps
+    the clock going: the device's work meanwhile is the step's (seventeenth red team: +6-14% while the
+    wait was outside the clock)."""
+    import signal
+    import time
+
+    from evaluate_kernel import clock, timing
+    order: list = []
+    t = _gpu_timing(order)
+    monkeypatch.setattr(timing.os, "kill", lambda pid, sig: order.append(signal.Signals(sig).name))
+    monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: (time.sleep(0.05), order.append("stopped")))
+    b = clock.Batch("cand", 1)
+    t._let_go(t.w, os.getpid(), {"cmd": "go"}, b)
+    assert order == ["send", "SIGCONT", "SIGSTOP", "stopped"] and b.calls >= 0.05
+
+
+def test_a_gpu_batch_is_drained_the_moment_its_runner_stops_before_anything_else_of_ours():
+    """The search for the runner's other processes takes milliseconds: a device still busy with its
+    calls then went idle before the drain began, uncharged (seventeenth red team: +7%)."""
+    from types import SimpleNamespace
+
+    from evaluate_kernel import readout
+    order: list = []
+    t = _gpu_timing(order)
+    t.dev = SimpleNamespace(ref_call=lambda req: {"kind": "filled", "layout": {}})
+    t._let_go = lambda w, pid, req, b: (order.append("go"), {"kind": "done"})[1]
+    t._ref_geometry, t._ref_views = [], None
+    t.w.region = (0, 0, 1 << 20, 1 << 10)
+    orig = readout.claim
+    readout.claim = lambda *a, **k: "stop here"
+    try:
+        t._host_cand_batch(1, 1)
+    finally:
+        readout.claim = orig
+    assert order == ["drain settle", "go", "drain probe", "freeze"]
+
+
 def test_a_device_that_never_goes_quiet_rejects_the_candidate():
     from evaluate_kernel import clock
     t = _drainer(_Prober(busy=10 ** 9, each=0.001))
