@@ -20,8 +20,8 @@ from . import vmm
 from .common import lock_path, open_lock
 from .protocol import Worker
 
-SWITCHES_KEPT = 31      # (GPU) the reference side's latest first probes, whose median is a switch's cost ...
-SWITCH_CAP_MS = 1.0     # ... never above this (the reference side's drains are ours; this only bounds a fault)
+SWITCHES_KEPT = 31      # (GPU) the latest first probes after the reference runner's batches, whose median is a switch's cost ...
+SWITCH_CAP_MS = 1.0     # ... never above this (those drains are ours; this only bounds a fault)
 
 
 class Device:
@@ -54,8 +54,8 @@ class Device:
             except (TimeoutError, EOFError) as e:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
         # (GPU) The first probe after another context's work waits while the GPU switches to the prober's
-        # context (0.15-0.2 ms on an H100, where an idle probe takes 0.02): what the reference side's drains
-        # saw first, which timing._drain charges nobody for.
+        # context (0.15-0.2 ms on an H100, where an idle probe takes 0.02): what the drains after the
+        # reference runner's batches saw first, which timing._drain charges nobody for.
         self.switches: collections.deque = collections.deque(maxlen=SWITCHES_KEPT)
         # (CPU; a GPU with shared memory) The reference is timed in a runner of its own (host_batches.py).
         self.ref_runner: Worker | None = None
@@ -284,14 +284,14 @@ class Device:
         return reply
 
     def note_switch(self, probe: dict) -> None:
-        """(GPU) The first probe of a drain of the reference side's: a switch of contexts, nothing else."""
+        """(GPU) The first probe of a drain after the reference runner's batch: a switch of contexts, nothing else."""
         steps = {k: float(probe[k]) for k in ("ms", "h2d", "d2h") if isinstance(probe.get(k), (int, float))}
         if steps and all(0 <= v < 1e3 for v in steps.values()):
             self.switches.append(steps)
 
     def switch_ms(self) -> dict[str, float] | None:
         """(GPU) What each probe step typically takes right after another context's work, or None before
-        the reference side's first drain."""
+        the first drain after a reference runner's batch."""
         if not self.switches:
             return None
         keys = set.intersection(*(set(s) for s in self.switches))

@@ -367,15 +367,16 @@ class Timing:
         and while another context's kernel runs one probe in several still lands at the start of a slice:
         a single fast probe let a kernel that never ends through.) The first probe waits for the GPU to
         switch contexts as well, so it is judged against what that costs (Device.switch_ms, from the
-        reference side's drains), and the others against an idle device.
+        drains after the reference runner's batches), and the others against an idle device.
 
         The batch's `phase` (settle: before "go" with shared memory, after "done" in the fallback; probe:
         after the batch) is the time the device was busy: how much longer the first probe's steps took
         than a switch, and if it was not quiet, the time from its end until the quiet run began. On an
         idle device that is the switch's jitter, a few hundredths of a millisecond; work left running
-        shows up in full, in the first probe's wait or the probes after it. (Charging every drain whose
-        first probe was slow its whole round trip, 0.8 ms, charged an honest batch in five to fifteen
-        per cent of the drains, at random: 1-3% on the speedup of a 2 ms call.)"""
+        shows up in the first probe's wait and the probes after it (short kernels that time-slice with the
+        probes in part only). (Charging every drain whose first probe was slow its whole round trip,
+        0.8 ms, charged an honest batch in ten to seventeen per cent of the drains, at random: 1-3% on the
+        speedup of a 2 ms call.)"""
         t = time.monotonic()
         info = self.dev.info
         idle = {"ms": float(info.get("probe_ms") or 0.05), **(info.get("probe_copy_ms") or {})}
@@ -390,8 +391,8 @@ class Timing:
             now = time.monotonic()
             if first_end is None:
                 first_end = now
-                if b.side == "ref":
-                    self.dev.note_switch(r)
+                if b.side == "ref" and phase == "probe":   # after the reference's runner: no candidate's
+                    self.dev.note_switch(r)                  # work can have run into it (a settle follows a fill)
                 excess = sum(max(0.0, v - switch[k]) for k, v in steps.items() if math.isfinite(v)) / 1e3
                 quiet = all(v <= first_limits[k] for k, v in steps.items())
             else:

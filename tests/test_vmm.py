@@ -239,12 +239,14 @@ def test_work_left_running_is_charged_by_how_long_it_held_the_first_probe():
 
 
 def test_only_the_reference_sides_first_probes_teach_what_a_switch_costs():
-    """A candidate that leaves work behind would otherwise raise the allowance its own work hides under."""
+    """Only the drains after the reference runner's batches: a candidate that leaves work behind would
+    otherwise raise the allowance its own work hides under (a settle follows the reference worker's
+    fill, which a candidate's leftover work may still overlap)."""
     from evaluate_kernel import clock
-    for side, noted in (("ref", 1), ("cand", 0)):
+    for side, phase, noted in (("ref", "probe", 1), ("cand", "probe", 0), ("ref", "settle", 0)):
         p = _Prober(busy=0, first=0.2, switch=None)
         p.busy = -5
-        assert _drainer(p)._drain(clock.Batch(side, 1), "probe") is None
+        assert _drainer(p)._drain(clock.Batch(side, 1), phase) is None
         assert len(p.noted) == noted
 
 
