@@ -109,8 +109,10 @@ class Timing:
                 cands.append(c)
                 if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
                     # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
-                    # (by its calls alone: one slow drain in a batch sized every batch of the evaluation)
-                    n_next = max(n, clock.calls_per_batch(ref_ms, max(c.calls - fixed, c.calls / 2) / c.n * 1e3,
+                    # (by its calls alone, its own phases its usual: one slow drain in a batch sized every
+                    # batch of the evaluation)
+                    own = clock.typical([c])
+                    n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, own, own, fixed),
                                                           per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
                 else:
                     n_next = n
