@@ -121,6 +121,24 @@ def fixed_cost(pairs: list[tuple[Batch, Batch]]) -> float:
     return min(max(0.0, _median(est)), _median(small))
 
 
+def fixed_cost_spread(pairs: list[tuple[Batch, Batch]]) -> float:
+    """How far the pairs' estimates of the fixed cost disagree: the distance between their quartiles, as a
+    fraction of the larger batches' median time (inf without two estimates). A device or core shared with
+    other work while they ran spreads them: on one core shared with a compiler, 18% where a quiet H100
+    gave under 2%."""
+    est, big = [], []
+    for a, b in pairs:
+        (a, b) = (a, b) if a.n < b.n else (b, a)
+        if a.n < b.n:
+            est.append((b.n * a.calls - a.n * b.calls) / (b.n - a.n))
+            big.append(b.calls)
+    if len(est) < 2 or _median(big) <= 0:
+        return math.inf
+    est.sort()
+    q1, q3 = est[(len(est) - 1) // 4], est[-1 - (len(est) - 1) // 4]
+    return (q3 - q1) / _median(big)
+
+
 def figures(refs: list[Batch], cands: list[Batch], skip: int = 1, fixed: float = 0.0) -> Figures | None:
     """The speedup from alternated batches (refs has one more than cands, r_i before c_i before r_i+1);
     the first `skip` pairs are warm-up; `fixed`, every batch's fixed cost (seconds). None while no pair

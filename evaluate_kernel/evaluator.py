@@ -153,6 +153,8 @@ class Evaluator:
             if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()
         if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
+            if device == "cuda" and not self.pinned and self._pch_ready is not None:
+                self._pch_ready.result()   # nor our compiler, on cores the runners share (the fixed cost read 9x)
             for dev in self.devices:
                 self._baseline(dev)
 
@@ -556,7 +558,8 @@ class Evaluator:
                 # runner by the same protocol; their ratio (self_check, ~1) is the protocol's own check.
                 dev.baseline = {"baseline_ms": res.baseline_ms, "runner_ms": res.runtime_ms,
                                 "self_check": res.speedup, "interval": res.details.get("speedup_ci"),
-                                "timing": res.details.get("timing"), "fixed_ms": res.details.get("batch_fixed_ms", 0.0)}
+                                "timing": res.details.get("timing"), "fixed_ms": res.details.get("batch_fixed_ms", 0.0),
+                                "fixed_tries": res.details.get("batch_fixed_tries")}
         return dev.baseline
 
     def baseline_info(self, gpu: int | None = None) -> dict:

@@ -136,7 +136,8 @@ def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[s
     ref_ns, ref_model, cand_model = build(task, src, device, cache_dir)
     ref_ms, cand_ms, speedup = alternate(ref_model, cand_model, ref_ns, n, device)
     notes.append(f"{name}: {n} calls per batch, {BATCHES} batches a side; evaluator's interval "
-                 f"{['%.4f' % v for v in result.details.get('speedup_ci') or []]}")
+                 f"{['%.4f' % v for v in result.details.get('speedup_ci') or []]}, a batch's fixed cost "
+                 f"{result.details.get('batch_fixed_ms')} ms")
     return [row(name, "candidate ms per call", result.runtime_ms, cand_ms),
             row(name, "reference ms per call", result.baseline_ms, ref_ms),
             row(name, "speedup", result.speedup, speedup, fmt="%.4fx")]
@@ -198,12 +199,15 @@ def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
     """(reference ms per call, candidate ms per call, speedup): batches of n calls on fresh inputs,
     alternated, the first pair a warm-up; medians, and the median of the ratios of neighbouring batches."""
     ref, cand = [], []
-    one_core()   # after CUDA's threads exist: all of them, as the runner's
-    with torch.no_grad():
-        for k in range(batches):
-            ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * k))
-            cand.append(batch_ms(cand_model, ref_ns, n, device, seed=2 * k + 1))
-        ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * batches))
+    cores = one_core()   # after CUDA's threads exist: all of them, as the runner's
+    try:
+        with torch.no_grad():
+            for k in range(batches):
+                ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * k))
+                cand.append(batch_ms(cand_model, ref_ns, n, device, seed=2 * k + 1))
+            ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * batches))
+    finally:   # the next problem's Evaluator inherits this process's cores (on one: its fixed cost read 9x)
+        set_cores(cores)
     ratios = [(ref[i] + ref[i + 1]) / 2 / cand[i] for i in range(1, batches)]
     return statistics.median(ref[1:]), statistics.median(cand[1:]), statistics.median(ratios)
 
@@ -225,14 +229,25 @@ def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int) -> float:
     return elapsed / n * 1e3
 
 
-def one_core() -> None:
-    """Every thread of this process onto the last core of its affinity."""
+def one_core() -> set[int] | None:
+    """Every thread of this process onto the last core of its affinity; the affinity it had."""
     try:
-        core = [sorted(os.sched_getaffinity(0))[-1]]
-        for tid in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(tid), core)
+        cores = os.sched_getaffinity(0)
     except (AttributeError, OSError):
-        pass
+        return None
+    set_cores({max(cores)})
+    return cores
+
+
+def set_cores(cores: set[int] | None) -> None:
+    """Every thread of this process onto these cores."""
+    if not cores:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass   # a thread that ended meanwhile
 
 
 def device_name(device: str) -> str:

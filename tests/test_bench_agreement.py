@@ -44,8 +44,12 @@ def test_the_batch_timer_measures_a_known_cost_per_call():
     ns = {"get_inputs": lambda: [torch.zeros(4)]}
     ms = bench_agreement.batch_ms(spin, ns, 5, "cpu", seed=0)
     assert 2.0 <= ms < 4.0
+    cores = os.sched_getaffinity(0)
     ref, cand, speedup = bench_agreement.alternate(spin, lambda x: spin(spin(x)), ns, 3, "cpu", batches=4)
     assert speedup == pytest.approx(0.5, rel=0.2) and cand > ref
+    # timed on one core, then every core back: the next problem's Evaluator inherits this process's (on
+    # one core, beside a compiler, its fixed cost read 9x)
+    assert os.sched_getaffinity(0) == cores
 
 
 @pytest.mark.slow

@@ -253,3 +253,16 @@ def test_no_collection_runs_while_batches_are_timed():
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()
+
+
+def test_a_fixed_costs_spread_tells_steady_pairs_from_disturbed_ones():
+    """The quartiles of the pairs' estimates over a whole batch: an H100's quiet baseline (0.5%) against
+    one whose runner shared its core with a compiler (20%), as measured."""
+    quiet = [(18.089, 5.219), (18.242, 5.157), (17.983, 5.221), (18.064, 5.15), (18.07, 5.181)]
+    shared = [(19.131, 11.372), (16.511, 11.567), (18.817, 9.379), (23.176, 7.524), (13.611, 10.157)]
+
+    def pairs(rows, n):
+        return [(Batch("ref", n, calls=a / 1e3), Batch("ref", 1, calls=b / 1e3)) for a, b in rows]
+    assert clock.fixed_cost_spread(pairs(quiet, 4)) < 0.01
+    assert 0.15 < clock.fixed_cost_spread(pairs(shared, 3)) < 0.25
+    assert clock.fixed_cost_spread(pairs(quiet[:1], 4)) == math.inf

@@ -377,3 +377,57 @@ def test_a_region_that_cannot_be_made_or_passed_leaves_the_runner_without_one():
         w = _W()
         problem = device(ref_call, ref).give_region(w)
         assert isinstance(problem, str) and why in problem and w.region is None and w.on_kill is None
+
+
+def test_a_fixed_cost_is_measured_in_pairs_next_to_each_other_in_time():
+    """Whatever drifts during the measurement (the GPU's clock follows its load) touches both batches of
+    a pair alike: measured as five batches of one call, then five of n, a slow start read a fixed cost
+    ten times too large; in pairs next to each other it spoils one pair of five. Each measured batch
+    follows one of its own size."""
+    from evaluate_kernel import clock
+    from evaluate_kernel.common import Options
+    from evaluate_kernel.timing import FIXED_PAIRS, Timing
+    fixed, per_call, n = 0.001, 0.004, 6
+    ran = []
+
+    class T(Timing):
+        def _host_ref_batch(self, seed, size, chosen=None):
+            slow = 2.5 if len(ran) < 6 else 1.0   # the first six batches at a low clock
+            ran.append(size)
+            return clock.Batch("ref", size, calls=slow * (fixed + size * per_call))
+    t = T()
+    t.opts, t.details = Options(), {}
+    assert abs(t._fixed_cost(n) - fixed) < 1e-9
+    assert len(ran) == 4 * FIXED_PAIRS
+    assert all(ran[i] == ran[i + 1] for i in range(0, len(ran), 2))   # each measured one after its own size
+    assert len(t.details["batch_fixed_tries"][0]["pairs_ms"]) == FIXED_PAIRS
+
+
+def test_a_fixed_cost_is_measured_again_while_its_pairs_disagree():
+    """Pairs measured while something shared the core or the device disagree (an Evaluator confined to one
+    core, beside a compiler, read 7.5 ms for 0.8): measured again, and the steadiest try is the figure."""
+    from evaluate_kernel import clock
+    from evaluate_kernel.common import Options
+    from evaluate_kernel.timing import FIXED_PAIRS, FIXED_TRIES, Timing
+    fixed, per_call, n = 0.0008, 0.004, 4
+    noisy = [1, 3.0, 1, 1.2, 1, 1.0, 1, 4.0, 1, 2.5, 1, 1.1, 1, 1.5, 1, 3.5, 1, 1.0, 1, 2.0]   # a try, disturbed
+    ran = []
+
+    def make(quiet_from):
+        class T(Timing):
+            def _host_ref_batch(self, seed, size, chosen=None):
+                k = len(ran)
+                ran.append(size)
+                slow = noisy[k % len(noisy)] if k < quiet_from else 1.0
+                return clock.Batch("ref", size, calls=slow * (fixed + size * per_call))
+        t = T()
+        t.opts, t.details = Options(), {}
+        return t
+    t = make(quiet_from=4 * FIXED_PAIRS)
+    assert abs(t._fixed_cost(n) - fixed) < 1e-9
+    tries = t.details["batch_fixed_tries"]
+    assert len(tries) == 2 and tries[0]["spread"] > 0.05 >= tries[1]["spread"]
+    ran.clear()
+    t = make(quiet_from=10 ** 6)   # never quiet: every try made, the steadiest kept
+    t._fixed_cost(n)
+    assert len(t.details["batch_fixed_tries"]) == FIXED_TRIES == len(ran) // (4 * FIXED_PAIRS)
