@@ -124,7 +124,7 @@ def fixed_cost(pairs: list[tuple[Batch, Batch]]) -> float:
 def fixed_cost_spread(pairs: list[tuple[Batch, Batch]]) -> float:
     """How far the pairs' estimates of the fixed cost disagree: the distance between their quartiles, as a
     fraction of the larger batches' median time (inf without two estimates). A device or core shared with
-    other work while they ran spreads them: on one core shared with a compiler, 18% where a quiet H100
+    other work while they ran spreads them: on one core shared with an Evaluator's start-up, 20% where a quiet H100
     gave under 2%."""
     est, big = [], []
     for a, b in pairs:

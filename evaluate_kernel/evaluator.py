@@ -154,7 +154,7 @@ class Evaluator:
                 dev.start_ref_runner()
         if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
             if device == "cuda" and not self.pinned and self._pch_ready is not None:
-                self._pch_ready.result()   # nor our compiler, on cores the runners share (the fixed cost read 9x)
+                self._pch_ready.result()   # nor our header's build, on cores the runners share
             for dev in self.devices:
                 self._baseline(dev)
 

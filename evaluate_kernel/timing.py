@@ -192,7 +192,7 @@ class Timing:
         next to each other in time, so that what changes over the measurement (the GPU's clock follows its
         load) touches both alike. Measured again while the pairs disagree (clock.fixed_cost_spread above
         FIXED_SPREAD), up to FIXED_TRIES times, the steadiest kept: an Evaluator started in a process
-        confined to one core measured it while a compiler shared that core, and read 7.5 ms (0.8 on a
+        confined to one core measured it while the Evaluator's own start-up work shared that core, and read 7.5 ms (0.8 on a
         quiet machine) and 2.92x for a kernel an independent timer put at 2.59x, for the Evaluator's life;
         its pairs disagreed by 20% of a whole batch, a quiet H100's by 0.5%. Each measured batch follows
         one of its own size, as in a timing, where a step frees the outputs of the batch before it: a

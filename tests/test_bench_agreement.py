@@ -48,7 +48,7 @@ def test_the_batch_timer_measures_a_known_cost_per_call():
     ref, cand, speedup = bench_agreement.alternate(spin, lambda x: spin(spin(x)), ns, 3, "cpu", batches=4)
     assert speedup == pytest.approx(0.5, rel=0.2) and cand > ref
     # timed on one core, then every core back: the next problem's Evaluator inherits this process's (on
-    # one core, beside a compiler, its fixed cost read 9x)
+    # one core, beside its own start-up, its fixed cost read 9x)
     assert os.sched_getaffinity(0) == cores
 
 

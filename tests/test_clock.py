@@ -257,7 +257,7 @@ def test_no_collection_runs_while_batches_are_timed():
 
 def test_a_fixed_costs_spread_tells_steady_pairs_from_disturbed_ones():
     """The quartiles of the pairs' estimates over a whole batch: an H100's quiet baseline (0.5%) against
-    one whose runner shared its core with a compiler (20%), as measured."""
+    one whose runner shared its core with the Evaluator's start-up (20%), as measured."""
     quiet = [(18.089, 5.219), (18.242, 5.157), (17.983, 5.221), (18.064, 5.15), (18.07, 5.181)]
     shared = [(19.131, 11.372), (16.511, 11.567), (18.817, 9.379), (23.176, 7.524), (13.611, 10.157)]
 

@@ -405,7 +405,7 @@ def test_a_fixed_cost_is_measured_in_pairs_next_to_each_other_in_time():
 
 def test_a_fixed_cost_is_measured_again_while_its_pairs_disagree():
     """Pairs measured while something shared the core or the device disagree (an Evaluator confined to one
-    core, beside a compiler, read 7.5 ms for 0.8): measured again, and the steadiest try is the figure."""
+    core, beside its own start-up, read 7.5 ms for 0.8): measured again, and the steadiest try is the figure."""
     from evaluate_kernel import clock
     from evaluate_kernel.common import Options
     from evaluate_kernel.timing import FIXED_PAIRS, FIXED_TRIES, Timing
