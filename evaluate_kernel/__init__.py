@@ -34,7 +34,8 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   every step is clocked and a step that does another's work is charged for it; every timed output is
   bound to its inputs by a digest (a hash tree) sent before the evaluator chooses which to check.
 - The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference
-  runs, and on a GPU the device must be idle (the wait is charged to the candidate) first.
+  runs (one whose thread holds off the stop for a second, inside a system call, is rejected), and on a
+  GPU the device must be idle (the wait is charged to the candidate) first.
 - The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
   before any candidate code: confine.py); on the CPU it may not start processes, on a GPU those it starts
   are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's

@@ -41,7 +41,7 @@ from .common import _DISTS, EvalResult
 from .verdict import failure as _failure, forged as _forged
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
-from .stopped import stop
+from .stopped import running_states, stop
 from .sandbox import find_processes, kill_processes
 from .timing import Timing, _Answered
 
@@ -187,7 +187,11 @@ class Evaluation(Timing):
             return EvalResult("rejected", message=f"rejected: the candidate's process ran {threads} threads while "
                               f"it was timed (at most {self.opts.max_threads}: each can leave a timer that fires "
                               "on the reference's core while it is timed)", details=self.details)
-        stop(main, signal_sent=True)
+        if not stop(main, signal_sent=True):   # the reference must not run beside any thread of it
+            states = "".join(sorted(running_states(main))) or "?"
+            return EvalResult("rejected", message=f"rejected: a thread of the candidate's process did not stop "
+                              f"within 1 s of SIGSTOP (state {states}: inside a system call that holds off the "
+                              "stop), so it would have run while the reference was timed", details=self.details)
         return None
 
     def _thaw(self) -> None:

@@ -42,22 +42,32 @@ def cpu_seconds(pid: int, stopped: bool = False) -> float:
             pass
 
 
-def stop(pid: int, signal_sent: bool = False) -> None:
-    """SIGSTOP pid (unless sent already), and wait until every thread of it has stopped."""
+def stop(pid: int, signal_sent: bool = False, wait_s: float = 1.0) -> bool:
+    """SIGSTOP pid (unless sent already), and wait until every thread of it has stopped; whether they all
+    did within wait_s. (A thread inside a system call that holds off the stop, in state D, goes on
+    running until the call returns.)"""
     if not signal_sent and state(pid) not in ("T", "t"):
         os.kill(pid, signal.SIGSTOP)
-    end = time.monotonic() + 1.0
-    while not all_stopped(pid) and time.monotonic() < end:
+    end = time.monotonic() + wait_s
+    while not all_stopped(pid):
+        if time.monotonic() >= end:
+            return False
         time.sleep(0.00002)   # a GPU batch's clock runs until here (timing._let_go): a short poll
+    return True
 
 
 def all_stopped(pid: int) -> bool:
     """Every thread of pid stopped (or gone)."""
+    return not running_states(pid)
+
+
+def running_states(pid: int) -> list[str]:
+    """The states of pid's threads that have not stopped (R, S, D ...)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return True
-    return all(state(pid, tid) in ("T", "t", "X", "Z", "") for tid in tids)
+        return []
+    return [st for st in (state(pid, tid) for tid in tids) if st not in ("T", "t", "X", "Z", "")]
 
 
 def state(pid: int, tid: str | None = None) -> str:

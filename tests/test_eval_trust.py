@@ -3,6 +3,7 @@ private code copy, the process sweep, and the per-Evaluator log and import direc
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -805,6 +806,39 @@ def test_a_process_cpu_clock_counts_every_thread():
         proc.wait(timeout=5)
     with pytest.raises(EOFError):
         stopped.cpu_seconds(proc.pid)
+
+
+def test_a_candidate_whose_thread_holds_off_the_stop_is_rejected_before_the_reference_runs(monkeypatch):
+    """A thread inside a system call that holds off SIGSTOP (state D: a long in-kernel copy, a vfork whose
+    child waits) runs on after the stop, on the core the reference is timed on next. The wait for every
+    thread gives up after a second; then the candidate is rejected instead of timing the reference beside
+    it (the wait used to give up silently)."""
+    from evaluate_kernel import evaluation, stopped
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert stopped.stop(proc.pid, wait_s=5.0) is True and stopped.running_states(proc.pid) == []
+        os.kill(proc.pid, signal.SIGCONT)
+        monkeypatch.setattr(stopped, "state", lambda pid, tid=None: "D")   # a thread that will not stop
+        t = time.monotonic()
+        assert stopped.stop(proc.pid, wait_s=0.2) is False and time.monotonic() - t >= 0.2
+        monkeypatch.undo()
+
+        class W:
+            class proc:
+                pid = -1
+            mark = "none"
+        e = object.__new__(evaluation.Evaluation)
+        e.w, e._main, e.details, e.opts = W, proc.pid, {}, ek.Options()
+        monkeypatch.setattr(evaluation, "find_processes", lambda roots, mark: set())
+        monkeypatch.setattr(evaluation, "stop", lambda pid, signal_sent=False: False)
+        monkeypatch.setattr(evaluation, "running_states", lambda pid: ["S", "D"])
+        r = e._freeze()
+        assert r is not None and r.status == "rejected" and "did not stop" in r.message and "state DS" in r.message
+        monkeypatch.setattr(evaluation, "stop", lambda pid, signal_sent=False: True)
+        assert e._freeze() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)
 
 
 def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
