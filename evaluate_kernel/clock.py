@@ -124,8 +124,8 @@ def fixed_cost(pairs: list[tuple[Batch, Batch]]) -> float:
 def fixed_cost_spread(pairs: list[tuple[Batch, Batch]]) -> float:
     """How far the pairs' estimates of the fixed cost disagree: the distance between their quartiles, as a
     fraction of the larger batches' median time (inf without two estimates). A device or core shared with
-    other work while they ran spreads them: on one core shared with an Evaluator's start-up, 20% where a quiet H100
-    gave under 2%."""
+    other work while they ran spreads them: 20% on one core shared with an Evaluator's start-up, where a
+    quiet H100 gave 0.5-3%."""
     est, big = [], []
     for a, b in pairs:
         (a, b) = (a, b) if a.n < b.n else (b, a)

@@ -192,12 +192,12 @@ class Timing:
         next to each other in time, so that what changes over the measurement (the GPU's clock follows its
         load) touches both alike. Measured again while the pairs disagree (clock.fixed_cost_spread above
         FIXED_SPREAD), up to FIXED_TRIES times, the steadiest kept: an Evaluator started in a process
-        confined to one core measured it while the Evaluator's own start-up work shared that core, and read 7.5 ms (0.8 on a
-        quiet machine) and 2.92x for a kernel an independent timer put at 2.59x, for the Evaluator's life;
-        its pairs disagreed by 20% of a whole batch, a quiet H100's by 0.5%. Each measured batch follows
-        one of its own size, as in a timing, where a step frees the outputs of the batch before it: a
-        batch of one call after one of n freed n outputs in its step (on softmax@v0, 1.7 ms read as
-        fixed)."""
+        confined to one core measured it while its own start-up work shared that core, and read 7.5 ms
+        (0.8 on a quiet machine) and 2.92x for a kernel an independent timer put at 2.59x, for the
+        Evaluator's life; its pairs disagreed by 20% of a whole batch, a quiet H100's by 0.5-3%. Each
+        measured batch follows one of its own size, as in a timing, where a step frees the outputs of the
+        batch before it: a batch of one call after one of n freed n outputs in its step (on softmax@v0,
+        1.7 ms read as fixed)."""
         if n < 2:
             return 0.0
         best, tries = None, []
@@ -211,7 +211,8 @@ class Timing:
                 pairs.append(tuple(pair))
             spread = clock.fixed_cost_spread(pairs)
             tries.append({"pairs_ms": [[round(b.calls * 1e3, 3) for b in p] for p in pairs],
-                          "spread": round(spread, 4), "fixed_ms": round(clock.fixed_cost(pairs) * 1e3, 4)})
+                          "spread": round(spread, 4) if math.isfinite(spread) else None,
+                          "fixed_ms": round(clock.fixed_cost(pairs) * 1e3, 4)})
             if best is None or spread < best[0]:
                 best = (spread, pairs)
             if spread <= FIXED_SPREAD:
