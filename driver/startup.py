@@ -399,6 +399,8 @@ def measure_reference(make_evaluator, rd: rundir_mod.RunDir, task: tasks.Task, c
     info = evaluator.baseline_info() if callable(getattr(evaluator, "baseline_info", None)) else {}
     check = (f"; timed as a candidate it reads {info['self_check']:.3f}x" if info.get("self_check") else "")
     say(f"reference: {ms:.4g} ms per call{check} (started and measured in {time.time() - t0:.1f} s)")
+    if info.get("cores_note"):
+        say(f"note: {info['cores_note']}")
     if not cached:
         rd.store_eval(key, {"baseline_ms": ms})
     return evaluator, ms

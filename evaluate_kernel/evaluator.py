@@ -567,7 +567,8 @@ class Evaluator:
         timed in a runner (runner_ms) and their ratio (self_check: the protocol's own check, close to 1)."""
         dev = self.devices[0] if gpu is None else next(d for d in self.devices if d.index == gpu)
         base = self._baseline(dev)
-        return {"median_ms": base["baseline_ms"], "runner_ms": base["runner_ms"], "self_check": base["self_check"]}
+        return {"median_ms": base["baseline_ms"], "runner_ms": base["runner_ms"], "self_check": base["self_check"],
+                "cores_note": cores_note(self.device, self.pinned, _usable_cores())}
 
     def _check_code(self) -> None:
         """Compare the code the workers run (and its originals) with what was read at start."""
@@ -610,3 +611,21 @@ def default_cache_dir() -> str:
     path = os.path.join(base, "pacevolve", "eval")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def cores_note(device: str, pinned: bool, usable: int) -> str:
+    """What a user should know when a GPU's runners have no cores of their own (this process was given too
+    few: under taskset, say): builds and the Evaluator's other work share them, and the timings of
+    launch-bound calls are noisier. Empty when they are pinned, and on the CPU, whose clock is the
+    runners' own CPU time."""
+    if device != "cuda" or pinned:
+        return ""
+    return (f"this process may use {usable} core(s), too few for the GPU runners to have cores of their own: "
+            "builds share them and small calls' timings are noisier (give it at least 3 physical cores)")
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

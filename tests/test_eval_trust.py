@@ -912,6 +912,16 @@ def test_baseline_info_reports_the_protocols_self_check():
         info = ev.baseline_info()
     assert info["median_ms"] > 0 and info["runner_ms"] > 0
     assert 0.8 < info["self_check"] < 1.25, info
+    assert info["cores_note"] == ""   # the CPU's clock is the runners' CPU time: no note
+
+
+def test_a_gpu_whose_runners_share_their_cores_says_so():
+    """Started with too few cores (under taskset, say), a GPU's runners share them with builds: the
+    fixed cost read 9x on one core, and small calls' timings are noisier. The user is told, once."""
+    from evaluate_kernel.evaluator import cores_note
+    assert cores_note("cpu", False, 1) == "" and cores_note("cuda", True, 16) == ""
+    note = cores_note("cuda", False, 1)
+    assert "1 core(s)" in note and "at least 3 physical cores" in note
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.bool, torch.int8, torch.float64])

@@ -248,3 +248,23 @@ def test_an_interrupted_replay_is_not_advised_to_resume():
     assert startup.continue_with(cli.Config(), "runs/x") == "continue with: python run.py --resume runs/x"
     advice = startup.continue_with(cli.Config(replay="examples/conv_groupnorm_small"), "runs/x")
     assert "--resume" not in advice and "--replay examples/conv_groupnorm_small again" in advice
+
+
+def test_the_start_passes_on_the_evaluators_note_about_its_cores(tmp_path):
+    """A note from the evaluator's baseline_info (its GPU runners share their cores) is printed once,
+    after the reference's line."""
+    import tasks
+    from driver import rundir, startup
+
+    class Ev:
+        def baseline_ms(self):
+            return 1.5
+
+        def baseline_info(self):
+            return {"self_check": 1.01, "cores_note": "this process may use 1 core(s), too few"}
+    said: list[str] = []
+    ev, ms = startup.measure_reference(Ev, rundir.RunDir(tmp_path / "run"), tasks.get("conv_groupnorm_small"),
+                                       cli.Config(), "cpu", said.append)
+    assert ms == 1.5 and isinstance(ev, Ev)
+    assert said[-2].startswith("reference: 1.5 ms per call; timed as a candidate it reads 1.010x")
+    assert said[-1] == "note: this process may use 1 core(s), too few"
