@@ -568,7 +568,8 @@ class Evaluator:
         dev = self.devices[0] if gpu is None else next(d for d in self.devices if d.index == gpu)
         base = self._baseline(dev)
         return {"median_ms": base["baseline_ms"], "runner_ms": base["runner_ms"], "self_check": base["self_check"],
-                "cores_note": cores_note(self.device, self.pinned, _usable_cores())}
+                "cores_note": cores_note(self.device, self.pinned or not self.opts.pin_cpus, _usable_cores(),
+                                         len(self.devices) * self.opts.cpu_threads + 2)}
 
     def _check_code(self) -> None:
         """Compare the code the workers run (and its originals) with what was read at start."""
@@ -613,15 +614,16 @@ def default_cache_dir() -> str:
     return path
 
 
-def cores_note(device: str, pinned: bool, usable: int) -> str:
+def cores_note(device: str, pinned: bool, usable: int, wanted: int = 3) -> str:
     """What a user should know when a GPU's runners have no cores of their own (this process was given too
     few: under taskset, say): builds and the Evaluator's other work share them, and the timings of
     launch-bound calls are noisier. Empty when they are pinned, and on the CPU, whose clock is the
-    runners' own CPU time."""
+    runners' own CPU time. `wanted`: the physical cores that let them have their own (one per runner
+    thread, two for everything else)."""
     if device != "cuda" or pinned:
         return ""
     return (f"this process may use {usable} core(s), too few for the GPU runners to have cores of their own: "
-            "builds share them and small calls' timings are noisier (give it at least 3 physical cores)")
+            f"builds share them and small calls' timings are noisier (give it at least {wanted} physical cores)")
 
 
 def _usable_cores() -> int:
