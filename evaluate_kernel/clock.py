@@ -109,16 +109,10 @@ def fixed_cost(pairs: list[tuple[Batch, Batch]]) -> float:
     context, the last synchronise and the answer), from pairs of the reference's batches of two sizes,
     n1 < n2, on the assumption that a batch takes fixed + n * per_call: the median over the pairs of
     (n2 * t1 - n1 * t2) / (n2 - n1), within [0, the smaller batch's median time]."""
-    est, small = [], []
-    for a, b in pairs:
-        (a, b) = (a, b) if a.n < b.n else (b, a)
-        if a.n == b.n:
-            continue
-        est.append((b.n * a.calls - a.n * b.calls) / (b.n - a.n))
-        small.append(a.calls)
+    est = _fixed_estimates(pairs)
     if not est:
         return 0.0
-    return min(max(0.0, _median(est)), _median(small))
+    return min(max(0.0, _median([e for e, _, _ in est])), _median([small for _, small, _ in est]))
 
 
 def fixed_cost_spread(pairs: list[tuple[Batch, Batch]]) -> float:
@@ -126,17 +120,13 @@ def fixed_cost_spread(pairs: list[tuple[Batch, Batch]]) -> float:
     fraction of the larger batches' median time (inf without two estimates). A device or core shared with
     other work while they ran spreads them: 20% on one core shared with an Evaluator's start-up, where a
     quiet H100 gave 0.5-3%."""
-    est, big = [], []
-    for a, b in pairs:
-        (a, b) = (a, b) if a.n < b.n else (b, a)
-        if a.n < b.n:
-            est.append((b.n * a.calls - a.n * b.calls) / (b.n - a.n))
-            big.append(b.calls)
-    if len(est) < 2 or _median(big) <= 0:
+    est = _fixed_estimates(pairs)
+    big = _median([b for _, _, b in est]) if est else 0.0
+    if len(est) < 2 or big <= 0:
         return math.inf
-    est.sort()
-    q1, q3 = est[(len(est) - 1) // 4], est[-1 - (len(est) - 1) // 4]
-    return (q3 - q1) / _median(big)
+    values = sorted(e for e, _, _ in est)
+    q = (len(values) - 1) // 4
+    return (values[-1 - q] - values[q]) / big
 
 
 def figures(refs: list[Batch], cands: list[Batch], skip: int = 1, fixed: float = 0.0) -> Figures | None:
@@ -201,3 +191,13 @@ def _median(xs: list[float]) -> float:
         return math.nan
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _fixed_estimates(pairs: list[tuple[Batch, Batch]]) -> list[tuple[float, float, float]]:
+    """Each pair of unequal sizes' estimate of the fixed cost, with its smaller and larger batch's time."""
+    out = []
+    for a, b in pairs:
+        (a, b) = (a, b) if a.n < b.n else (b, a)
+        if a.n < b.n:
+            out.append(((b.n * a.calls - a.n * b.calls) / (b.n - a.n), a.calls, b.calls))
+    return out
