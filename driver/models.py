@@ -228,6 +228,22 @@ class CostUCB(Choice):
 
     def values(self) -> dict[str, float]:
         """v_m for the models called at least once (the module's docstring)."""
+        return {m: gain / cost for m, (gain, cost) in self._terms().items()}
+
+    def index(self) -> dict[str, float]:
+        """U_m for the models called at least once. v_m / max v_k is taken from the terms each scaled by
+        its largest first: gains near the smallest float (hypothesis found 5e-324) would otherwise divide
+        to zero under one price scale and not under another, and prices must not change the choice."""
+        terms = self._terms()
+        top_gain, top_cost = max(g for g, _ in terms.values()), max(c for _, c in terms.values())
+        scaled = {m: (g / top_gain) / (c / top_cost) if top_gain > 0 else 0.0 for m, (g, c) in terms.items()}
+        best = max(scaled.values())
+        n = sum(s["calls"] for s in self.stats.values())
+        return {m: (scaled[m] / best if best > 0 else 0.0) + math.sqrt(2 * math.log(n) / s["calls"])
+                for m, s in self.stats.items() if s["calls"]}
+
+    def _terms(self) -> dict[str, tuple[float, float]]:
+        """v_m's numerator and denominator for each model called at least once."""
         called = {m: s for m, s in self.stats.items() if s["calls"]}
         calls = sum(s["calls"] for s in called.values())
         g_bar = sum(s["gain"] for s in called.values()) / calls if calls else 0.0
@@ -236,16 +252,8 @@ class CostUCB(Choice):
         cost = {m: max(s["usd"], FREE_CALL * min(paid) * s["calls"]) for m, s in called.items()} if paid else {}
         c_bar = sum(cost.values()) / calls if calls else 0.0
         if c_bar <= 0:   # every call was free: gain per call
-            return {m: (s["gain"] + k * g_bar) / (s["calls"] + k) for m, s in called.items()}
-        return {m: (s["gain"] + k * g_bar) / (cost[m] + k * c_bar) for m, s in called.items()}
-
-    def index(self) -> dict[str, float]:
-        """U_m for the models called at least once."""
-        values = self.values()
-        best = max(values.values())
-        n = sum(s["calls"] for s in self.stats.values())
-        return {m: (values[m] / best if best > 0 else 0.0) + math.sqrt(2 * math.log(n) / s["calls"])
-                for m, s in self.stats.items() if s["calls"]}
+            return {m: (s["gain"] + k * g_bar, s["calls"] + k) for m, s in called.items()}
+        return {m: (s["gain"] + k * g_bar, cost[m] + k * c_bar) for m, s in called.items()}
 
 
 def make_choice(kind: str, weights: dict[str, float]) -> Choice:

@@ -8,7 +8,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from driver import models
 from driver.models import Price
@@ -167,6 +167,7 @@ def test_the_bandit_tries_every_model_first_and_keeps_trying():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 5), st.one_of(st.just(0.0), st.floats(1e-6, 1)), st.floats(0, 0.3)),
                 min_size=2, max_size=12), st.floats(0.01, 1000))
+@example([(1, 0.0, 5e-324), (1, 0.5, 0.0)], 2.0)   # a gain near the smallest float: divided to zero once
 def test_the_bandits_choice_does_not_change_when_every_price_is_scaled(history, k):
     a, b = models.CostUCB(["x", "y"]), models.CostUCB(["x", "y"])
     for n, (calls, usd, gain) in enumerate(history):
