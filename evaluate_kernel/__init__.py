@@ -58,10 +58,10 @@ step runs in the candidate's process too, with shared memory as without, and can
 launches in place of the calls read 1.32x its twin on softmax@v0, and every set of a batch is in the
 runner's memory when its first call starts, so one launch over all of them read about 10x its twin there
 (seventeenth red team; the sixth measured no profit from computing several calls at once). On a GPU, work
-of the candidate's still running while the probes say idle goes unseen: the GPU time-slices between
-contexts, and a tail of short kernels left queued at "done" lets a probe in between them (three fast
-probes in a row are required); leaving a call's last kernels running read 1.048x its twin on
-conv_groupnorm (seventeenth red team).
+left running at "done" overlaps what an honest batch spends after its work (the answer, the stop, the
+switch to the prober's context): leaving the last call's work running read 1.013-1.015x its twin on
+conv_groupnorm, only its last kernel 1.002-1.005x (1.048x and 1.02x before the drain started on the
+runner's answer and looked again after a pause).
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the

@@ -411,15 +411,15 @@ class Evaluator:
         """(CPU) A runner's input file: the batch budget, and room to start each batch at a random offset."""
         return -(-((self.opts.batch_bytes or (512 << 20)) + MAX_SHIFT + ALIGN) // 4096) * 4096   # whole pages
 
-    def spawn_ref(self, env: dict[str, str], log_path: str) -> Worker:
+    def spawn_ref(self, env: dict[str, str], log_path: str, fd_channel: bool = False) -> Worker:
         """A reference worker (outside any namespace: it never runs candidate code), from the spawner. Its
         caches and scratch files are ours alone: it runs as root, and in the shared cache a CUDA JIT or
         temporary file could be written through a link a candidate left there."""
         env = dict(env, **_caches(os.path.join(self._private, "caches")))
         try:   # forked too, where the fork server runs
-            return self._spawner.submit(self.new_worker, env, log_path, False, True).result()
+            return self._spawner.submit(self.new_worker, env, log_path, False, True, fd_channel).result()
         except RuntimeError:  # the spawner is shut down: closing
-            return self.new_worker(env, log_path)
+            return self.new_worker(env, log_path, fd_channel=fd_channel)
 
     def spawn_warm(self, env: dict[str, str], log_path: str, fd_channel: bool = False) -> Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the

@@ -336,8 +336,11 @@ class Timing:
         """Send a stopped runner its step, let it run, and stop it again when it answers: b.calls is the
         step's time (CPU: the runner's CPU time, read stopped; GPU: this process's clock from the moment it
         is let go until every thread of it has stopped, the device's remaining work then drained by the
-        caller)."""
+        caller, from a drain armed here and fired the moment the runner answers)."""
         gpu = self.ev.device == "cuda"
+        if gpu:
+            self._arm(w)
+            self._armed = b
         w.send(req)
         t = time.monotonic() if gpu else cpu_seconds(pid, stopped=True)
         os.kill(pid, signal.SIGCONT)
@@ -346,6 +349,8 @@ class Timing:
         try:
             reply = w.recv(max(0.0, self.deadline - time.monotonic())) if w is self.w else w.recv(self.opts.run_timeout_s)
         finally:
+            if gpu:   # (if the prober has not seen the answer yet) the drain starts now, before the stop
+                self.dev.fire()
             try:
                 os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
@@ -388,53 +393,56 @@ class Timing:
         return bad
 
     def _drain(self, b: clock.Batch, phase: str) -> EvalResult | None:
-        """(GPU) Probe until a trivial kernel and a copy each way of the prober's (a context of its own, so
-        either side pays the same switches) run at once IDLE_PROBES times in a row: the device holds no
-        one's work, on its compute or its copy engines. (Without MPS the GPU time-slices between contexts,
-        and while another context's kernel runs one probe in several still lands at the start of a slice:
-        a single fast probe let a kernel that never ends through.) The first probe waits for the GPU to
+        """(GPU) Have the prober (a context of its own, so either side pays the same switches) probe until a
+        trivial kernel and a copy each way run at once IDLE_PROBES times in a row: the device holds no one's
+        work, on its compute or its copy engines. (Without MPS the GPU time-slices between contexts, and
+        while another context's kernel runs one probe in several still lands at the start of a slice: a
+        single fast probe let a kernel that never ends through.) The first probe waits for the GPU to
         switch contexts as well, so it is judged against what that costs (Device.switch_ms, from the
         drains after the reference runner's batches), and the others against an idle device.
 
         The batch's `phase` (settle: before "go" with shared memory, after "done" in the fallback; probe:
         after the batch) is the time the device was busy: how much longer the first probe's steps took
-        than a switch, and if it was not quiet, the time from its end until the quiet run began. On an
-        idle device that is the switch's jitter, a few hundredths of a millisecond; work left running
-        shows up in the first probe's wait and the probes after it (short kernels that time-slice with the
-        probes in part only). (Charging every drain whose first probe was slow its whole round trip,
-        0.8 ms, charged an honest batch in ten to seventeen per cent of the drains, at random: 1-3% on the
-        speedup of a 2 ms call.)"""
-        t = time.monotonic()
+        than a switch, and if it was not quiet, the time from its end until the quiet run began
+        (batches.drain, timed in the prober, where nothing but its loop lies between two probes). On an
+        idle device that is the switch's jitter, a few hundredths of a millisecond. (Charging every drain
+        whose first probe was slow its whole round trip, 0.8 ms, charged an honest batch in ten to
+        seventeen per cent of the drains, at random: 1-3% on the speedup of a 2 ms call.)"""
+        limits, first_limits, check, switch = self._drain_limits()
+        if phase == "probe" and self.dev.armed is not None and getattr(self, "_armed", None) is b:
+            r = self.dev.collect()   # armed before the batch's step, fired when its runner answered
+        else:   # (a drain armed for another batch, whose step failed, is collected and dropped first)
+            r = self.dev.drain(limits, first_limits, check, IDLE_PROBES, self.opts.drain_s)
+        first = r.get("first") or {}
+        if b.side == "ref" and phase == "probe":   # after the reference's runner: no candidate's work can
+            self.dev.note_switch(first)              # have run into it (a settle follows a fill)
+        busy = r.get("busy_s")
+        if not r.get("quiet") or not isinstance(busy, (int, float)) or not math.isfinite(busy):
+            return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
+                              "after the candidate's calls returned: work left running after a call is part "
+                              "of the call", details=self.details)
+        steps = {k: float(first.get(k, math.inf)) for k in limits}
+        excess = sum(max(0.0, v - switch[k]) for k, v in steps.items() if math.isfinite(v)) / 1e3
+        setattr(b, phase, excess + busy)
+        return None
+
+    def _arm(self, w: Worker) -> None:
+        """(GPU) The drain after a batch is armed before its step, and starts the moment the runner's answer
+        is on its socket (Device.drain)."""
+        limits, first_limits, check, _ = self._drain_limits()
+        self.dev.drain(limits, first_limits, check, IDLE_PROBES, self.opts.drain_s, armed=True, watch=w)
+
+    def _drain_limits(self) -> tuple[dict, dict, dict, dict]:
+        """(GPU) Each probe step's limit for a quiet probe, the first probe's (after a switch of contexts),
+        the check's after the pause (batches.drain: below a switch, which would say that another context
+        took the GPU in the pause), and what a switch costs."""
         info = self.dev.info
         idle = {"ms": float(info.get("probe_ms") or 0.05), **(info.get("probe_copy_ms") or {})}
         limits = {k: max(self.opts.probe_ms, 4 * v) if k == "ms" else 2 * v + COPY_SLACK_MS for k, v in idle.items()}
         switch = self.dev.switch_ms() or {}
         switch = {k: switch.get(k, v) for k, v in idle.items()}
-        first_limits = {k: max(limits[k], 2 * switch[k] + COPY_SLACK_MS) for k in limits}
-        idle_run, quiet_since, before, first_end, excess = 0, t, t, None, 0.0
-        while True:
-            r = self.dev.probe()
-            steps = {k: float(r.get(k, math.inf)) for k in limits}
-            now = time.monotonic()
-            if first_end is None:
-                first_end = now
-                if b.side == "ref" and phase == "probe":   # after the reference's runner: no candidate's
-                    self.dev.note_switch(r)                  # work can have run into it (a settle follows a fill)
-                excess = sum(max(0.0, v - switch[k]) for k, v in steps.items() if math.isfinite(v)) / 1e3
-                quiet = all(v <= first_limits[k] for k, v in steps.items())
-            else:
-                quiet = all(v <= limits[k] for k, v in steps.items())
-            if quiet and idle_run == 0:
-                quiet_since = before
-            idle_run = idle_run + 1 if quiet else 0
-            if idle_run >= IDLE_PROBES:
-                setattr(b, phase, excess + max(0.0, quiet_since - first_end))
-                return None
-            before = now
-            if before - t > self.opts.drain_s:
-                return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
-                                  "after the candidate's calls returned: work left running after a call is part "
-                                  "of the call", details=self.details)
+        check = dict(limits, ms=min(limits["ms"], max(4 * idle["ms"], switch["ms"] / 2)))
+        return limits, {k: max(limits[k], 2 * switch[k] + COPY_SLACK_MS) for k in limits}, check, switch
 
     @property
     def _ref_path(self) -> str:

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from .batches import Batches, Prober, module_call, release_collections, reset_persisting_l2
+from .batches import Batches, Prober, drain, module_call, release_collections, reset_persisting_l2
 from .build import _exec_source, _install_build_defaults
 from . import tensorfile
 from .common import _flat, compare_outputs, open_lock
@@ -24,7 +24,7 @@ from . import vmm
 from .host_batches import Arena, GpuArena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
-from .protocol import LineReader, check_parent
+from .protocol import LineReader, check_parent, loads
 
 
 def main() -> None:
@@ -78,7 +78,7 @@ def main() -> None:
     elif role == "probe":
         if job.get("cpus"):
             pin_threads(job["cpus"])
-        _role_probe(job, send, stdin.readline)
+        _role_probe(job, send, stdin)
     sys.stdout.flush()
     # The channel's write end is also held by the namespace's launcher (unshare), so closing it here is
     # no end-of-file the parent sees: an explicit last record says that nothing more is coming.
@@ -378,7 +378,7 @@ def _role_ref(job: dict, send, recv) -> None:
         send(reply)
 
 
-def _role_probe(job: dict, send, recv) -> None:
+def _role_probe(job: dict, send, stdin: LineReader) -> None:
     """(GPU) A CUDA context of its own that probes the device on request (batches.Prober): after either
     side's steps, so both pay the same switches of the GPU from one context to another, and neither's own
     work is idle time for the other."""
@@ -390,10 +390,58 @@ def _role_probe(job: dict, send, recv) -> None:
         prober.probe()
     runs = [prober.probe() for _ in range(9)]
     idle = {k: sorted(r[k] for r in runs)[4] for k in runs[0]}
-    send({"kind": "ready", "probe_ms": idle["kernel"], "probe_copy_ms": {"h2d": idle["h2d"], "d2h": idle["d2h"]}})
-    while recv().get("cmd") == "probe":
-        r = prober.probe()
-        send({"kind": "probed", "ms": r["kernel"], "h2d": r["h2d"], "d2h": r["d2h"]})
+    send({"kind": "ready", "probe_ms": idle["ms"], "probe_copy_ms": {"h2d": idle["h2d"], "d2h": idle["d2h"]}})
+    while (req := stdin.readline()).get("cmd") in ("drain", "now"):
+        if req["cmd"] == "now":   # the parent's start of an armed drain that the runner's answer started
+            continue
+        if req.get("armed"):   # start the moment the runner answers, or the parent says (Device.drain)
+            watched = _receive_fd(job["channel"]) if req.get("watch") else -1
+            try:
+                _await_answer(stdin, watched, req.get("watch"))
+            finally:
+                if watched >= 0:
+                    os.close(watched)
+        send({"kind": "drained", **drain(prober.probe, req["limits"], req["first_limits"], int(req["runs"]),
+                                         float(req["max_s"]), check=req.get("check"))})
+
+
+def _await_answer(stdin: LineReader, watched: int, nonce: str | None) -> None:
+    """(The prober) Poll, never sleep, until a whole line carrying the runner's nonce waits on its results'
+    socket (`watched`, looked at, never taken: the parent reads it) or a line waits on our stdin. Only a
+    whole line of the runner's: the parent acts on nothing less, and a runner that wrote part of one
+    early would start the drain while its calls still ran."""
+    import socket
+    sock = socket.socket(fileno=watched) if watched >= 0 else None
+    lines = 0
+    try:
+        while not stdin.wait(0):
+            if sock is not None:
+                try:
+                    data = sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    data = b""
+                except OSError:
+                    sock, data = None, b""
+                if data.count(b"\n") != lines:
+                    if _answered(data, nonce):
+                        return
+                    lines = data.count(b"\n")
+            os.sched_yield()
+    finally:
+        if sock is not None:
+            sock.detach()
+
+
+def _answered(data: bytes, nonce: str | None) -> bool:
+    """Whether a whole line of `data` is a message carrying `nonce` (as Worker.recv reads them)."""
+    for line in data.split(b"\n")[:-1]:
+        try:
+            msg = loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(msg, dict) and msg.get("nonce") == nonce:
+            return True
+    return False
 
 
 def _peak_bytes(model, xs: list, device) -> int:

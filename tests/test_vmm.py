@@ -177,6 +177,7 @@ class _Prober:
         self.busy, self.each, self.first, self.calls = busy, each, first, 0
         self.info = {"probe_ms": 0.02, "probe_copy_ms": {"h2d": 0.03, "d2h": 0.03}}
         self.switch, self.noted = switch, []
+        self.armed = None
 
     def probe(self) -> dict:
         import time
@@ -184,6 +185,10 @@ class _Prober:
         self.calls += 1
         slow = self.calls <= self.busy or self.calls == self.busy + 2   # and one slow probe inside the run
         return {"ms": 5.0 if slow else self.first if self.calls == 1 else 0.02, "h2d": 0.03, "d2h": 0.03}
+
+    def drain(self, limits, first_limits, check, runs, max_s) -> dict:
+        from evaluate_kernel.batches import drain
+        return drain(self.probe, limits, first_limits, runs, max_s, check=check)
 
     def switch_ms(self):
         return self.switch
@@ -215,13 +220,14 @@ def test_a_drain_charges_the_time_the_device_was_busy_and_nothing_on_an_idle_one
     b = clock.Batch("cand", 1)
     idle = _Prober(busy=0, first=0.2, switch=SWITCH)
     idle.calls = 2   # its one slow probe (busy + 2) is behind it; the next is not its first: an idle one
-    assert _drainer(idle)._drain(b, "probe") is None and b.probe == 0.0 and idle.calls == 2 + IDLE_PROBES
+    # (each quiet run is followed by one probe more, after a pause: batches.drain)
+    assert _drainer(idle)._drain(b, "probe") is None and b.probe == 0.0 and idle.calls == 2 + IDLE_PROBES + 1
     switching = _Prober(busy=0, first=0.19, switch=SWITCH)
     switching.busy = -5   # no slow probe at all
-    assert _drainer(switching)._drain(b, "probe") is None and b.probe == 0.0 and switching.calls == IDLE_PROBES
+    assert _drainer(switching)._drain(b, "probe") is None and b.probe == 0.0 and switching.calls == IDLE_PROBES + 1
     busy = _Prober(busy=3, switch=SWITCH)
     assert _drainer(busy)._drain(b, "settle") is None
-    assert busy.calls == 3 + 1 + 1 + IDLE_PROBES   # three slow, one fast, one slow, then the quiet run
+    assert busy.calls == 3 + 1 + 1 + IDLE_PROBES + 1   # three slow, one fast, one slow, the quiet run, the check
     # the first probe's wait beyond a switch (4.8 ms), then from its end to the quiet run: four probes
     assert 4.8e-3 + 4 * busy.each * 0.9 <= b.settle <= 4.8e-3 + 4 * busy.each + 0.05
 
@@ -235,7 +241,75 @@ def test_work_left_running_is_charged_by_how_long_it_held_the_first_probe():
         p.busy = -5
         b = clock.Batch("cand", 1)
         assert _drainer(p)._drain(b, "probe") is None
-        assert abs(b.probe - (first - SWITCH["ms"]) / 1e3) < 1e-9
+        # (where the first probe was not quiet, the loop's own microseconds until the next probe too)
+        assert abs(b.probe - (first - SWITCH["ms"]) / 1e3) < 1e-4
+
+
+class _Clock:
+    """A probe sequence on a clock of its own: each probe is (its kernel's ms, seconds before the next)."""
+
+    def __init__(self, probes: list[tuple[float, float]]):
+        self.t, self.probes, self.slept, self.gap, self.reads = 0.0, list(probes), [], 0.0, 0
+
+    def now(self) -> float:
+        self.reads += 1
+        if self.reads == 2:   # the loop's own time: after this probe's end was read, before the next began
+            self.t += self.gap
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+    def probe(self) -> dict:
+        ms, self.gap = self.probes.pop(0)
+        self.t += ms / 1e3
+        self.reads = 0
+        return {"ms": ms, "h2d": 0.02, "d2h": 0.02}
+
+
+LIMITS = {"ms": 0.1, "h2d": 0.1, "d2h": 0.1}
+FIRST_LIMITS = {"ms": 0.5, "h2d": 0.3, "d2h": 0.3}
+CHECK = {"ms": 0.08, "h2d": 0.1, "d2h": 0.1}
+
+
+def test_work_that_runs_on_between_two_probes_is_charged_until_the_quiet_run_begins():
+    """The first probe waited for work left running (a time slice of it), and the work ran on while the
+    probe's reply went out and the next probe came: that time is the device's busy time too, up to the
+    start of the probe that found it quiet (sent from the parent one at a time, the round trip between
+    the two was never charged: +4.8% on a 1.7 ms call whose last call's work was left running)."""
+    from evaluate_kernel.batches import drain
+    c = _Clock([(0.9, 400e-6), (0.02, 0), (0.02, 0), (0.02, 0), (0.02, 0)])
+    r = drain(c.probe, LIMITS, FIRST_LIMITS, 3, 5.0, check=CHECK, now=c.now, sleep=c.sleep)
+    assert r["quiet"] and r["probes"] == 5 and r["first"]["ms"] == 0.9 and len(c.slept) == 1
+    assert abs(r["busy_s"] - 400e-6) < 1e-12   # from the first probe's end to the quiet run's start
+    # a first probe that is quiet: nothing, however the loop's own gaps fall
+    c = _Clock([(0.3, 0.5), (0.02, 0.4), (0.02, 0), (0.02, 0)])
+    r = drain(c.probe, LIMITS, FIRST_LIMITS, 3, 5.0, check=CHECK, now=c.now, sleep=c.sleep)
+    assert r["quiet"] and r["busy_s"] == 0.0
+    # a step missing from a probe is not quiet; a device never quiet within max_s says so
+    r = drain(lambda: {"ms": 0.02}, LIMITS, FIRST_LIMITS, 3, 0.01)
+    assert not r["quiet"] and r["busy_s"] is None and r["probes"] >= 1
+
+
+def test_work_put_off_while_the_probes_ran_is_found_by_the_probe_after_the_pause():
+    """The GPU serves a waiting context between another's kernels: the last call's final kernel waited
+    while the probes ran and found the device quiet, then ran once they stopped (+2% on a 1.7 ms call,
+    uncharged). After the pause the next probe waits for it, or pays the switch back: the run starts
+    again, and the device was busy from that probe's start until the quiet run after it."""
+    from evaluate_kernel.batches import drain
+    c = _Clock([(1.2, 0), (0.02, 0), (0.02, 0), (0.02, 0),   # the first probe waited; a quiet run
+                (0.35, 0),                                      # after the pause: the put-off kernel
+                (0.02, 0), (0.02, 0), (0.02, 0), (0.02, 0)])    # quiet, and the check after the pause
+    r = drain(c.probe, LIMITS, FIRST_LIMITS, 3, 5.0, check=CHECK, yield_s=0.0005, now=c.now, sleep=c.sleep)
+    assert r["quiet"] and r["probes"] == 9 and len(c.slept) == 2
+    # busy: the slow check, from its start until the next quiet run (not the quiet run or the pause
+    # before it, which a check slow by chance would charge an honest batch)
+    assert abs(r["busy_s"] - 0.35e-3) < 1e-9
+    # a check that pays a switch back (another context ran in the pause, and is done) starts it again too
+    c = _Clock([(0.02, 0), (0.02, 0), (0.02, 0), (0.2, 0), (0.02, 0), (0.02, 0), (0.02, 0), (0.02, 0)])
+    r = drain(c.probe, LIMITS, FIRST_LIMITS, 3, 5.0, check=CHECK, now=c.now, sleep=c.sleep)
+    assert r["quiet"] and r["probes"] == 8 and abs(r["busy_s"] - 0.2e-3) < 1e-9
 
 
 def test_only_the_reference_sides_first_probes_teach_what_a_switch_costs():
@@ -293,6 +367,8 @@ def _gpu_timing(order: list):
     t = T()
     t.opts, t.details, t.deadline = Options(), {}, 1e18
     t.ev = SimpleNamespace(device="cuda")
+    t.dev = SimpleNamespace(fire=lambda: order.append("fire"))
+    t._arm = lambda w: order.append("arm")
     t.w, t.main = _Stub(order), os.getpid()
     t._expect = lambda reply, kind: reply
     return t
@@ -312,7 +388,8 @@ def test_a_gpu_batchs_clock_runs_until_every_thread_of_the_runner_has_stopped(mo
     monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: (time.sleep(0.05), order.append("stopped")))
     b = clock.Batch("cand", 1)
     t._let_go(t.w, os.getpid(), {"cmd": "go"}, b)
-    assert order == ["send", "SIGCONT", "SIGSTOP", "stopped"] and b.calls >= 0.05
+    # the drain, armed before the step, starts the moment the runner answers, before it is stopped
+    assert order == ["arm", "send", "SIGCONT", "fire", "SIGSTOP", "stopped"] and b.calls >= 0.05
 
 
 def test_a_gpu_batch_is_drained_the_moment_its_runner_stops_before_anything_else_of_ours():
@@ -323,7 +400,7 @@ def test_a_gpu_batch_is_drained_the_moment_its_runner_stops_before_anything_else
     from evaluate_kernel import readout
     order: list = []
     t = _gpu_timing(order)
-    t.dev = SimpleNamespace(ref_call=lambda req: {"kind": "filled", "layout": {}})
+    t.dev = SimpleNamespace(ref_call=lambda req: {"kind": "filled", "layout": {}}, fire=lambda: None)
     t._let_go = lambda w, pid, req, b: (order.append("go"), {"kind": "done"})[1]
     t._ref_geometry, t._ref_views = [], None
     t.w.region = (0, 0, 1 << 20, 1 << 10)
@@ -431,3 +508,44 @@ def test_a_fixed_cost_is_measured_again_while_its_pairs_disagree():
     t = make(quiet_from=10 ** 6)   # never quiet: every try made, the steadiest kept
     t._fixed_cost(n)
     assert len(t.details["batch_fixed_tries"]) == FIXED_TRIES == len(ran) // (4 * FIXED_PAIRS)
+
+
+def test_an_armed_prober_starts_on_a_whole_answer_of_the_runner_and_on_nothing_less():
+    """The prober looks at the runner's results' socket without taking anything: part of a line, or a line
+    without the runner's nonce, does not start the drain (a runner could otherwise start it while its calls
+    still run); a whole line with the nonce does, and so does a line from the parent. The parent still
+    reads the answer whole."""
+    import json
+    import socket
+    import threading
+    import time
+
+    from evaluate_kernel.protocol import LineReader
+    from evaluate_kernel.worker import _await_answer
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pr, pw = os.pipe()
+    try:
+        done = threading.Event()
+        th = threading.Thread(target=lambda: (_await_answer(LineReader(pr), ours.fileno(), "n1"), done.set()),
+                              daemon=True)
+        th.start()
+        line = (json.dumps({"kind": "done", "nonce": "n1"}) + "\n").encode()
+        theirs.sendall(b'{"kind": "done", "nonce": "other"}\nnot json\n')
+        theirs.sendall(line[:10])
+        time.sleep(0.2)
+        assert not done.is_set()
+        theirs.sendall(line[10:])
+        assert done.wait(5)
+        assert ours.recv(1 << 16).endswith(line[10:])   # nothing was taken
+        done.clear()
+        th = threading.Thread(target=lambda: (_await_answer(LineReader(pr), -1, None), done.set()), daemon=True)
+        th.start()
+        time.sleep(0.1)
+        assert not done.is_set()
+        os.write(pw, b'{"cmd": "now"}\n')
+        assert done.wait(5)
+    finally:
+        for s in (ours, theirs):
+            s.close()
+        os.close(pr)
+        os.close(pw)
