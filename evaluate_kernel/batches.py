@@ -181,7 +181,7 @@ def drain(probe, limits: dict, first_limits: dict, runs: int, max_s: float, chec
     to 1.4 ms where a check came out slow by chance.)
 
     Returns {"first": the first probe's steps, "busy_s": that time, "probes": how many, "quiet": whether a
-    quiet run came}."""
+    quiet run came, "quiet_at": when the device was found quiet (this machine's monotonic clock)}."""
     now, sleep = now or time.monotonic, sleep or time.sleep
     check = check or limits
     start = now()
@@ -205,7 +205,7 @@ def drain(probe, limits: dict, first_limits: dict, runs: int, max_s: float, chec
             steps = probe()
             n += 1
             if all(steps.get(k, math.inf) <= v for k, v in check.items()):
-                return {"first": first, "busy_s": busy, "probes": n, "quiet": True}
+                return {"first": first, "busy_s": busy, "probes": n, "quiet": True, "quiet_at": now()}
             run = 0
         if now() - start > max_s:
             return {"first": first, "busy_s": None, "probes": n, "quiet": False}

@@ -358,7 +358,8 @@ class Timing:
             stop(pid, signal_sent=True)
             if gpu:   # until every thread has stopped: one that holds off the stop (in vfork, its child
                 # waiting for the device) is still the step's, and so is what the device does meanwhile
-                b.calls = time.monotonic() - t
+                self._stopped_at = time.monotonic()
+                b.calls = self._stopped_at - t
             if w is self.w:
                 self._frozen = True
         if not gpu:
@@ -409,22 +410,45 @@ class Timing:
         whose first probe was slow its whole round trip, 0.8 ms, charged an honest batch in ten to
         seventeen per cent of the drains, at random: 1-3% on the speedup of a 2 ms call.)"""
         limits, first_limits, check, switch = self._drain_limits()
+        note = b.side == "ref" and phase == "probe"
+        charged = 0.0
         if phase == "probe" and self.dev.armed is not None and getattr(self, "_armed", None) is b:
-            r = self.dev.collect()   # armed before the batch's step, fired when its runner answered
-        else:   # (a drain armed for another batch, whose step failed, is collected and dropped first)
-            r = self.dev.drain(limits, first_limits, check, IDLE_PROBES, self.opts.drain_s)
+            r = self.dev.collect()   # armed before the batch's step, started when its runner answered
+            charged = self._charge(r, limits, switch, note)
+            if charged is None:
+                return self._busy()
+            at = r.get("quiet_at")
+            if isinstance(at, (int, float)) and at >= self._stopped_at:
+                setattr(b, phase, charged)
+                return None
+            # Found quiet while the runner could still run (before it had stopped): work it started after
+            # that is seen by a drain now. An honest batch, over before its answer, pays nothing for it.
+            note = False
+        r = self.dev.drain(limits, first_limits, check, IDLE_PROBES, self.opts.drain_s)
+        more = self._charge(r, limits, switch, note)
+        if more is None:
+            return self._busy()
+        setattr(b, phase, charged + more)
+        return None
+
+    def _charge(self, r: dict, limits: dict, switch: dict, note: bool) -> float | None:
+        """(GPU) What a drain's reply charges: its first probe's steps beyond a switch, and the busy time
+        after it; None where the device never went quiet. With `note`, the first probe teaches what a
+        switch costs (after the reference's runner: no candidate's work can have run into it, where a
+        settle follows a fill)."""
         first = r.get("first") or {}
-        if b.side == "ref" and phase == "probe":   # after the reference's runner: no candidate's work can
-            self.dev.note_switch(first)              # have run into it (a settle follows a fill)
+        if note:
+            self.dev.note_switch(first)
         busy = r.get("busy_s")
         if not r.get("quiet") or not isinstance(busy, (int, float)) or not math.isfinite(busy):
-            return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s "
-                              "after the candidate's calls returned: work left running after a call is part "
-                              "of the call", details=self.details)
+            return None
         steps = {k: float(first.get(k, math.inf)) for k in limits}
-        excess = sum(max(0.0, v - switch[k]) for k, v in steps.items() if math.isfinite(v)) / 1e3
-        setattr(b, phase, excess + busy)
-        return None
+        return sum(max(0.0, v - switch[k]) for k, v in steps.items() if math.isfinite(v)) / 1e3 + busy
+
+    def _busy(self) -> EvalResult:
+        return EvalResult("rejected", message=f"rejected: the GPU was still busy {self.opts.drain_s:.0f} s after "
+                          "the candidate's calls returned: work left running after a call is part of the call",
+                          details=self.details)
 
     def _arm(self, w: Worker) -> None:
         """(GPU) The drain after a batch is armed before its step, and starts the moment the runner's answer

@@ -312,6 +312,46 @@ def test_work_put_off_while_the_probes_ran_is_found_by_the_probe_after_the_pause
     assert r["quiet"] and r["probes"] == 8 and abs(r["busy_s"] - 0.2e-3) < 1e-9
 
 
+class _ArmedDevice:
+    """A device whose armed drain found it quiet at `quiet_at`; a drain after it sees `later` ms of work."""
+
+    def __init__(self, quiet_at: float, later: float = 0.0):
+        self.info = {"probe_ms": 0.02, "probe_copy_ms": {"h2d": 0.03, "d2h": 0.03}}
+        self.armed, self.quiet_at, self.later, self.drains, self.noted = 5.0, quiet_at, later, 0, []
+
+    def collect(self) -> dict:
+        self.armed = None
+        return {"first": dict(SWITCH), "busy_s": 0.0, "quiet": True, "quiet_at": self.quiet_at}
+
+    def drain(self, limits, first_limits, check, runs, max_s) -> dict:
+        self.drains += 1   # the prober's context is current: no switch, the work's wait only
+        return {"first": {"ms": 0.02 + self.later, "h2d": 0.03, "d2h": 0.03}, "busy_s": 0.0, "quiet": True,
+                "quiet_at": 1e9}
+
+    def switch_ms(self):
+        return SWITCH
+
+    def note_switch(self, r: dict) -> None:
+        self.noted.append(r)
+
+
+def test_a_drain_found_quiet_before_the_runner_stopped_is_followed_by_another():
+    """The armed drain starts on the runner's answer, while the runner still runs until we stop it: a
+    runner that answers with the device idle, waits out the drain and then starts work would have that
+    work run uncharged. A drain found quiet before the stop is followed by one after it, whose charge is
+    added; one found quiet after the stop is enough (an honest batch's usual case costs nothing)."""
+    from evaluate_kernel import clock
+    for quiet_at, later, drains, charge in ((10.0, 0.0, 1, 0.0), (10.0, 1.5, 1, 1.5e-3 - 0.2e-3 + 0.02e-3),
+                                            (12.0, 1.5, 0, 0.0)):
+        dev = _ArmedDevice(quiet_at, later)
+        t = _drainer(dev)
+        b = clock.Batch("ref", 1)
+        t._armed, t._stopped_at = b, 11.0
+        assert t._drain(b, "probe") is None
+        assert dev.drains == drains and abs(b.probe - charge) < 1e-9
+        assert len(dev.noted) == 1   # only the armed drain's first probe follows a switch
+
+
 def test_only_the_reference_sides_first_probes_teach_what_a_switch_costs():
     """Only the drains after the reference runner's batches: a candidate that leaves work behind would
     otherwise raise the allowance its own work hides under (a settle follows the reference worker's
