@@ -271,8 +271,8 @@ class Device:
         (batches.drain): {"first": the first probe's steps {"ms": the kernel's time, "h2d", "d2h": the
         copies'}, "busy_s", "probes", "quiet"}.
 
-        With `armed`, the prober waits, polling, and starts the moment the runner `watch` has a whole answer
-        waiting on its results' socket (which it sees without taking), or fire() comes, whichever is first:
+        With `armed`, the prober waits, polling, and starts the moment anything waits on the results'
+        socket of the runner `watch` (which it sees without taking), or fire() comes, whichever is first:
         15-18 us after the answer on an H100. A prober woken by a request of ours started 0.45-0.5 ms after
         it (our wake-up 0.15-0.23 ms, reading the answer and writing the request 0.13-0.18 ms, the prober's
         own 0.04-0.05 ms): time in which a call's work left running past "done" could end unseen, and which
@@ -289,7 +289,7 @@ class Device:
         if watch is not None:
             self.prober.send_fd(watch.result_fd)
         self.prober.send({"cmd": "drain", "limits": limits, "first_limits": first_limits, "check": check, "runs": runs,
-                          "max_s": max_s, "armed": armed, "watch": None if watch is None else watch.nonce})
+                          "max_s": max_s, "armed": armed, "watch": watch is not None})
         if armed:
             self.armed = max_s
             return {}

@@ -24,7 +24,7 @@ from . import vmm
 from .host_batches import Arena, GpuArena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
                      _setup_torch, _short_traceback, _sync)
-from .protocol import LineReader, check_parent, loads
+from .protocol import LineReader, check_parent
 
 
 def main() -> None:
@@ -397,7 +397,7 @@ def _role_probe(job: dict, send, stdin: LineReader) -> None:
         if req.get("armed"):   # start the moment the runner answers, or the parent says (Device.drain)
             watched = _receive_fd(job["channel"]) if req.get("watch") else -1
             try:
-                _await_answer(stdin, watched, req.get("watch"))
+                _await_answer(stdin, watched)
             finally:
                 if watched >= 0:
                     os.close(watched)
@@ -405,43 +405,19 @@ def _role_probe(job: dict, send, stdin: LineReader) -> None:
                                          float(req["max_s"]), check=req.get("check"))})
 
 
-def _await_answer(stdin: LineReader, watched: int, nonce: str | None) -> None:
-    """(The prober) Poll, never sleep, until a whole line carrying the runner's nonce waits on its results'
-    socket (`watched`, looked at, never taken: the parent reads it) or a line waits on our stdin. Only a
-    whole line of the runner's: the parent acts on nothing less, and a runner that wrote part of one
-    early would start the drain while its calls still ran."""
-    import socket
-    sock = socket.socket(fileno=watched) if watched >= 0 else None
-    lines = 0
-    try:
-        while not stdin.wait(0):
-            if sock is not None:
-                try:
-                    data = sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
-                    data = b""
-                except OSError:
-                    sock, data = None, b""
-                if data.count(b"\n") != lines:
-                    if _answered(data, nonce):
-                        return
-                    lines = data.count(b"\n")
-            os.sched_yield()
-    finally:
-        if sock is not None:
-            sock.detach()
-
-
-def _answered(data: bytes, nonce: str | None) -> bool:
-    """Whether a whole line of `data` is a message carrying `nonce` (as Worker.recv reads them)."""
-    for line in data.split(b"\n")[:-1]:
-        try:
-            msg = loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(msg, dict) and msg.get("nonce") == nonce:
-            return True
-    return False
+def _await_answer(stdin: LineReader, watched: int) -> None:
+    """(The prober) Poll, never sleep, until anything waits on the runner's results' socket (`watched`,
+    looked at, never taken: the parent reads it) or a line waits on our stdin. Any byte, not a whole
+    answer: the parent reads what arrives, whole lines or not, so a runner that wrote its answer in two
+    parts, or sent a descriptor with its first byte, left the socket with nothing whole to see (the
+    nineteenth red team). A runner that writes early only starts the drain early: it then probes while
+    the calls run, and a drain found quiet before the runner has stopped is followed by another
+    (timing.Timing._drain)."""
+    import select
+    while not stdin.wait(0):
+        if watched >= 0 and select.select([watched], [], [], 0)[0]:
+            return
+        os.sched_yield()
 
 
 def _peak_bytes(model, xs: list, device) -> int:

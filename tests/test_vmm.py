@@ -177,18 +177,21 @@ class _Prober:
         self.busy, self.each, self.first, self.calls = busy, each, first, 0
         self.info = {"probe_ms": 0.02, "probe_copy_ms": {"h2d": 0.03, "d2h": 0.03}}
         self.switch, self.noted = switch, []
-        self.armed = None
+        self.armed, self.t = None, 0.0
 
     def probe(self) -> dict:
-        import time
-        time.sleep(self.each)
+        self.t += self.each   # (a clock of its own: the loop's own time is none, whatever the machine's load)
         self.calls += 1
         slow = self.calls <= self.busy or self.calls == self.busy + 2   # and one slow probe inside the run
         return {"ms": 5.0 if slow else self.first if self.calls == 1 else 0.02, "h2d": 0.03, "d2h": 0.03}
 
     def drain(self, limits, first_limits, check, runs, max_s) -> dict:
         from evaluate_kernel.batches import drain
-        return drain(self.probe, limits, first_limits, runs, max_s, check=check)
+        return drain(self.probe, limits, first_limits, runs, max_s, check=check, now=lambda: self.t,
+                     sleep=self._sleep)
+
+    def _sleep(self, s: float) -> None:
+        self.t += s
 
     def switch_ms(self):
         return self.switch
@@ -241,8 +244,7 @@ def test_work_left_running_is_charged_by_how_long_it_held_the_first_probe():
         p.busy = -5
         b = clock.Batch("cand", 1)
         assert _drainer(p)._drain(b, "probe") is None
-        # (where the first probe was not quiet, the loop's own microseconds until the next probe too)
-        assert abs(b.probe - (first - SWITCH["ms"]) / 1e3) < 1e-4
+        assert abs(b.probe - (first - SWITCH["ms"]) / 1e3) < 1e-9
 
 
 class _Clock:
@@ -550,36 +552,41 @@ def test_a_fixed_cost_is_measured_again_while_its_pairs_disagree():
     assert len(t.details["batch_fixed_tries"]) == FIXED_TRIES == len(ran) // (4 * FIXED_PAIRS)
 
 
-def test_an_armed_prober_starts_on_a_whole_answer_of_the_runner_and_on_nothing_less():
-    """The prober looks at the runner's results' socket without taking anything: part of a line, or a line
-    without the runner's nonce, does not start the drain (a runner could otherwise start it while its calls
-    still run); a whole line with the nonce does, and so does a line from the parent. The parent still
-    reads the answer whole."""
-    import json
+def test_an_armed_prober_starts_on_the_first_byte_on_the_runners_socket_and_takes_nothing():
+    """Any byte starts it, not a whole answer: the parent reads what arrives, so an answer written in two
+    parts left nothing whole to see, and the drain started late (nineteenth red team). A byte sent with a
+    descriptor starts it too; so does a line from the parent. Nothing is taken from the socket; nothing
+    starts it while the socket and our stdin are empty."""
+    import array
     import socket
     import threading
     import time
 
     from evaluate_kernel.protocol import LineReader
     from evaluate_kernel.worker import _await_answer
+
+    def waiting(fd_in: int, watched: int) -> threading.Event:
+        done = threading.Event()
+        threading.Thread(target=lambda: (_await_answer(LineReader(fd_in), watched), done.set()), daemon=True).start()
+        return done
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pr, pw = os.pipe()
     try:
-        done = threading.Event()
-        th = threading.Thread(target=lambda: (_await_answer(LineReader(pr), ours.fileno(), "n1"), done.set()),
-                              daemon=True)
-        th.start()
-        line = (json.dumps({"kind": "done", "nonce": "n1"}) + "\n").encode()
-        theirs.sendall(b'{"kind": "done", "nonce": "other"}\nnot json\n')
-        theirs.sendall(line[:10])
-        time.sleep(0.2)
+        done = waiting(pr, ours.fileno())
+        time.sleep(0.1)
         assert not done.is_set()
-        theirs.sendall(line[10:])
+        theirs.sendall(b'{"kind": "do')   # part of an answer
         assert done.wait(5)
-        assert ours.recv(1 << 16).endswith(line[10:])   # nothing was taken
-        done.clear()
-        th = threading.Thread(target=lambda: (_await_answer(LineReader(pr), -1, None), done.set()), daemon=True)
-        th.start()
+        assert ours.recv(1 << 16) == b'{"kind": "do'   # nothing was taken
+        done = waiting(pr, ours.fileno())
+        r, w = os.pipe()
+        theirs.sendmsg([b"{"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+        assert done.wait(5)
+        os.close(r)
+        os.close(w)
+        ours.recv(1 << 16)   # (the descriptor, read without room for it, is dropped by the kernel)
+        done = waiting(pr, -1)
         time.sleep(0.1)
         assert not done.is_set()
         os.write(pw, b'{"cmd": "now"}\n')
