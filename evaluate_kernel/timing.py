@@ -424,6 +424,7 @@ class Timing:
             # Found quiet while the runner could still run (before it had stopped): work it started after
             # that is seen by a drain now. An honest batch, over before its answer, pays nothing for it.
             note = False
+            self.details["drains_after_stop"] = self.details.get("drains_after_stop", 0) + 1
         r = self.dev.drain(limits, first_limits, check, IDLE_PROBES, self.opts.drain_s)
         more = self._charge(r, limits, switch, note)
         if more is None:

@@ -351,6 +351,7 @@ def test_a_drain_found_quiet_before_the_runner_stopped_is_followed_by_another():
         t._armed, t._stopped_at = b, 11.0
         assert t._drain(b, "probe") is None
         assert dev.drains == drains and abs(b.probe - charge) < 1e-9
+        assert t.details.get("drains_after_stop", 0) == drains   # (counted in the details)
         assert len(dev.noted) == 1   # only the armed drain's first probe follows a switch
 
 
