@@ -271,16 +271,15 @@ class Device:
         (batches.drain): {"first": the first probe's steps {"ms": the kernel's time, "h2d", "d2h": the
         copies'}, "busy_s", "probes", "quiet"}.
 
-        With `armed`, the prober waits, polling, and starts the moment anything waits on the results'
-        socket of the runner `watch` (which it sees without taking), or fire() comes, whichever is first:
+        With `armed`, the prober waits, polling, and starts the moment anything waits on the results' pipe
+        of the runner `watch` (which it sees without taking), or fire() comes, whichever is first:
         15-18 us after the answer on an H100. A prober woken by a request of ours started 0.45-0.5 ms after
         it (our wake-up 0.15-0.23 ms, reading the answer and writing the request 0.13-0.18 ms, the prober's
         own 0.04-0.05 ms): time in which a call's work left running past "done" could end unseen, and which
         an honest batch spends inside its clock. The reply of an armed drain is collected by the next
         drain() or collect(). A prober that died (killed from outside) is restarted."""
         if self.armed is not None:   # armed earlier, then its batch failed: its reply is collected first
-            self.fire()
-            self._reply(self.armed)
+            self.collect()
         if self.prober is None or self.prober.proc.poll() is not None:
             if self.prober is not None:
                 self.prober.kill()

@@ -86,7 +86,7 @@ BOOT = "import sys; sys.path.append(sys.argv[1]); from evaluate_kernel.worker im
 class Worker:
     """A subprocess running worker.main(): own session, scrubbed env, stdout to its own log.
 
-    Results travel on a private socket, never on stdout, and every message must carry the job's nonce, so text
+    Results travel on a private pipe, never on stdout, and every message must carry the job's nonce, so text
     the candidate prints cannot pose as a result (it goes to the log only). The worker's environment
     carries a marker, so kill() finds what it started however it was started (eval_sandbox.py).
     """
@@ -95,11 +95,7 @@ class Worker:
                  mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
                  dies_with_parent: bool = False, arena: tuple[int, int] | None = None, forkserver=None,
                  fd_channel: bool = False):
-        # Results travel on a stream socket, not a pipe, so the prober can see a line arrive without taking
-        # it (MSG_PEEK) and start the drain the moment a runner answers (timing.Timing._arm).
-        import socket
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        r, w = ours.detach(), theirs.detach()
+        r, w = os.pipe()
         self.arena = arena   # (CPU runners) (fd, size) of the input file the parent made for it; it closes with us
         self.on_kill = None   # called once when it is killed (a GPU runner's region is then freed)
         self.region = None    # (GPU runners) (reference worker's start, id, size, input bytes) of its region
@@ -139,7 +135,7 @@ class Worker:
         if self.fd_channel >= 0:
             os.close(self.fd_channel)   # its number stays the worker's
         self._rfd = r
-        self.result_fd = r   # our end of the results' socket, which the prober may watch (never read)
+        self.result_fd = r   # our end of the results' pipe, which the prober may watch (never read)
         self._buf = b""
         self.nonce = secrets.token_hex(16)
         self.prepped = False  # runners: "prep" sent

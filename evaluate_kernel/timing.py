@@ -453,7 +453,7 @@ class Timing:
 
     def _arm(self, w: Worker) -> None:
         """(GPU) The drain after a batch is armed before its step, and starts the moment the runner's answer
-        is on its socket (Device.drain)."""
+        is on its pipe (Device.drain)."""
         limits, first_limits, check, _ = self._drain_limits()
         self.dev.drain(limits, first_limits, check, IDLE_PROBES, self.opts.drain_s, armed=True, watch=w)
 

@@ -406,13 +406,12 @@ def _role_probe(job: dict, send, stdin: LineReader) -> None:
 
 
 def _await_answer(stdin: LineReader, watched: int) -> None:
-    """(The prober) Poll, never sleep, until anything waits on the runner's results' socket (`watched`,
-    looked at, never taken: the parent reads it) or a line waits on our stdin. Any byte, not a whole
+    """(The prober) Poll, never sleep, until anything waits on the runner's results' pipe (`watched`,
+    looked at, never read: the parent reads it) or a line waits on our stdin. Any byte, not a whole
     answer: the parent reads what arrives, whole lines or not, so a runner that wrote its answer in two
-    parts, or sent a descriptor with its first byte, left the socket with nothing whole to see (the
-    nineteenth red team). A runner that writes early only starts the drain early: it then probes while
-    the calls run, and a drain found quiet before the runner has stopped is followed by another
-    (timing.Timing._drain)."""
+    parts left nothing whole to see (nineteenth red team, when the prober peeked at a socket for whole
+    lines). A runner that writes early only starts the drain early: it then probes while the calls run,
+    and a drain found quiet before the runner has stopped is followed by another (timing.Timing._drain)."""
     import select
     while not stdin.wait(0):
         if watched >= 0 and select.select([watched], [], [], 0)[0]:

@@ -481,8 +481,7 @@ with open("/" + "proc/self/status") as f:
 report["keys"] = os.listdir(KEYDIR) if os.path.isdir(KEYDIR) else ["(gone)"]
 report["shm"] = os.listdir("/dev/shm")
 report["dev"] = sorted(os.listdir("/dev"))
-report["fds"] = [os.readlink(f"/{'proc'}/self/fd/{fd}") for fd in range(256)
-                 if os.path.exists(f"/{'proc'}/self/fd/{fd}") and fd != int(sys.argv[3])]   # (its results' socket)
+report["fds"] = [os.readlink(f"/{'proc'}/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/{'proc'}/self/fd/{fd}")]
 for d in TARGETS:
     try:
         with open(os.path.join(d, "pacevolve-probe.pth"), "w") as f:

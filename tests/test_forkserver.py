@@ -70,8 +70,7 @@ seen = {"env": "PACEVOLVE_LEFT_BEHIND" in os.environ, "module": "pacevolve_left_
         "handler": signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL,
         "thread": any(t.name == "pacevolve-left-behind" for t in threading.enumerate()),
         "shm": os.path.exists("/dev/shm/pacevolve-left-behind"),
-        "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(256)
-                if os.path.exists(f"/proc/self/fd/{fd}") and fd != int(sys.argv[3])],   # (our results' socket)
+        "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/proc/self/fd/{fd}")],
         "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "dev": sorted(os.listdir("/dev"))}
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
