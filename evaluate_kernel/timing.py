@@ -103,7 +103,10 @@ class Timing:
             for i in range(opts.max_pairs + 1):
                 seed = secrets.randbits(31)
                 t = time.monotonic()
-                c, values = self._host_cand_batch(seed, n) if host else self._cand_batch(seed, n, i)
+                if host:
+                    c, values, seed, n = self._fitting_cand_batch(seed, n, ref_ms, fixed)
+                else:
+                    c, values = self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
                     return c
                 if not host:   # on the CPU the phases are CPU seconds, not the wall's
@@ -116,6 +119,8 @@ class Timing:
                     own = clock.typical([c])
                     n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, own, own, fixed),
                                                           per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
+                    if "calls_cut_for_memory" in self.details:   # never more than its memory held
+                        n_next = n
                 else:
                     n_next = n
                 # The calls to check, chosen now that their digests (on the CPU: the stopped runner's claim of
@@ -331,6 +336,25 @@ class Timing:
             return _forged(self.details, c), None
         c.layout = reply["layout"]
         return b, c
+
+    def _fitting_cand_batch(self, seed: int, n: int, ref_ms: float, fixed: float):
+        """(Shared memory) The candidate's batch: (Batch, claim, seed, n). Where its outputs outgrow its
+        region (an honest candidate may hold more memory a call than the reference does: an output that is
+        a view of a padded buffer), again with a quarter of the calls, both sides' batches from then on,
+        while the calls still outlast four times a batch's fixed cost (the figure then leans little on that
+        cost's estimate: DESIGN.md, "Costs and limits"). Each try draws inputs from a new seed: the calls
+        of a batch that failed may have computed their outputs."""
+        while True:
+            try:
+                c, values = self._host_cand_batch(seed, n)
+                return c, values, seed, n
+            except _Answered as e:
+                fewer = n // 4
+                if not (e.msg.get("out_of_memory") is True and self.ev.device == "cuda" and fewer >= 1
+                        and fewer * ref_ms >= 4 * max(fixed * 1e3, 0.5)):
+                    raise
+                self.details.setdefault("calls_cut_for_memory", []).append([n, fewer])
+                seed, n = secrets.randbits(31), fewer
 
     def _let_go(self, w: Worker, pid: int, req: dict, b: clock.Batch) -> dict:
         """Send a stopped runner its step, let it run, and stop it again when it answers: b.calls is the

@@ -90,12 +90,13 @@ class Pool:
 
     def __init__(self, region: Region, start: int):
         import torch
-        self.ranges = FreeRanges(region.ptr + start, region.ptr + region.size)
+        self.ranges = ranges = FreeRanges(region.ptr + start, region.ptr + region.size)
         alloc_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
         free_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-        # Held here: torch keeps only the pointers.
-        self._alloc = alloc_t(lambda size, device, stream: self.ranges.take(size))
-        self._free = free_t(lambda ptr, size, device, stream: self.ranges.give(ptr, size))
+        # Held here: torch keeps only the pointers. The callbacks hold the ranges themselves, not this
+        # object, whose attributes may be gone when torch gives its segments back at exit.
+        self._alloc = alloc_t(lambda size, device, stream: ranges.take(size))
+        self._free = free_t(lambda ptr, size, device, stream: ranges.give(ptr, size))
         allocator = torch._C._cuda_customAllocator(ctypes.cast(self._alloc, ctypes.c_void_p).value,
                                                    ctypes.cast(self._free, ctypes.c_void_p).value)
         self.pool = torch.cuda.MemPool(allocator)

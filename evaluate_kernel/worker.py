@@ -232,11 +232,16 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
 def _serve_host(batches: HostBatches, send, recv) -> None:
     """(CPU, and a GPU with shared memory) go, as many batches as the parent asks for: the parent stops
     this process between them."""
+    import torch
     while True:
         req = recv()
         if req.get("cmd") != "go":
             return
-        send({"kind": "done", **batches.go(req["layout"])})
+        try:
+            reply = {"kind": "done", **batches.go(req["layout"])}
+        except torch.cuda.OutOfMemoryError as e:   # (GPU) its outputs outgrew the region: the parent may ask
+            reply = {"kind": "error", "where": "timing", "error": _short_traceback(e), "out_of_memory": True}
+        send(reply)   # for fewer calls a batch (Timing._fitting_cand_batch)
 
 
 def _serve_batches(batches: Batches, send, recv) -> None:

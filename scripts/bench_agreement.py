@@ -8,7 +8,7 @@ the candidate imports the library the evaluator built, so both time the same mac
 with code written here, sharing none with the evaluator, by the evaluator's definition of a call's time:
 
     n calls back to back on n input sets of their own (drawn before the clock starts), one synchronise,
-    per call; n = the evaluator's calls per batch; batches alternate reference, candidate, reference ...
+    per call, the side's last batch's outputs freed first inside the window, as the runners free theirs; n = the evaluator's calls per batch; batches alternate reference, candidate, reference ...
     (BATCHES of each), with every thread of this process on one core (CUDA's too, as in the evaluator's
     runner); the medians per side, and the median of the paired ratios.
 
@@ -199,21 +199,27 @@ def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
     """(reference ms per call, candidate ms per call, speedup): batches of n calls on fresh inputs,
     alternated, the first pair a warm-up; medians, and the median of the ratios of neighbouring batches."""
     ref, cand = [], []
+    held_ref: list = []   # each side's last batch's outputs, freed inside its next batch
+    held_cand: list = []
     cores = one_core()   # after CUDA's threads exist: all of them, as the runner's
     try:
         with torch.no_grad():
             for k in range(batches):
-                ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * k))
-                cand.append(batch_ms(cand_model, ref_ns, n, device, seed=2 * k + 1))
-            ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * batches))
+                ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * k, held=held_ref))
+                cand.append(batch_ms(cand_model, ref_ns, n, device, seed=2 * k + 1, held=held_cand))
+            ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * batches, held=held_ref))
+            held_ref.clear()
+            held_cand.clear()
     finally:   # the next problem's Evaluator inherits this process's cores (on one: its fixed cost read 9x)
         set_cores(cores)
     ratios = [(ref[i] + ref[i + 1]) / 2 / cand[i] for i in range(1, batches)]
     return statistics.median(ref[1:]), statistics.median(cand[1:]), statistics.median(ratios)
 
 
-def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int) -> float:
-    """n calls back to back on n input sets drawn first, one synchronise; per call, in ms."""
+def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int, held: list | None = None) -> float:
+    """n calls back to back on n input sets drawn first, one synchronise; per call, in ms. With held (a
+    list this side keeps between its batches): the last batch's outputs are freed first, inside the timed
+    window, as the evaluator's runners do, and this batch's are left in held."""
     torch.manual_seed(seed)
     with torch.device(device):
         sets = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in ref_ns["get_inputs"]()]
@@ -222,9 +228,13 @@ def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int) -> float:
     clock = time.perf_counter if device == "cuda" else time.process_time
     sync()
     t0 = clock()
+    if held is not None:
+        held.clear()
     outs = [model(*xs) for xs in sets]
     sync()
     elapsed = clock() - t0
+    if held is not None:
+        held.extend(outs)
     del outs, sets
     return elapsed / n * 1e3
 

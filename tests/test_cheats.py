@@ -454,9 +454,15 @@ class _Pool:
             # A shorter run timeout than the default keeps a hung cheat from stalling the suite for minutes.
             # Fewer pairs than a search's default: each verdict takes about a second of timing, and a twin
             # comparison needs only the noise PROFIT_TOLERANCE allows.
+            # On a GPU, a small batch budget: each Evaluator's runners hold device memory of twice the
+            # budget (4 GiB by default on an 80 GB card), and this module keeps about ten Evaluators open,
+            # which ran an H100 out of memory; these references need a few MiB a call. ReLU's keeps the
+            # default: padded_output_view's outputs take ten times the reference's memory, and its batches
+            # fit its region only with a quarter of the calls, which the default budget leaves long enough.
+            small = self.device == "cuda" and reference != "relu"
             self._evaluators[reference] = ek.Evaluator(
                 REFERENCES[reference], device=self.device, cache_dir=str(self.cache_dir), run_timeout_s=45,
-                max_pairs=12, timing_s=2.0)
+                max_pairs=12, timing_s=2.0, **({"batch_bytes": 512 << 20} if small else {}))
         return self._evaluators[reference]
 
     def close(self) -> None:

@@ -387,3 +387,29 @@ def test_a_sparse_claimed_stride_is_read_element_by_element():
     data, strides = readout._read_output(mem, 0, span, size, shape, stride)
     assert len(data) == 15 * size and strides == [5, 1]
     assert max(mem.sizes) == size and len(mem.sizes) == 15
+
+
+def test_a_runner_whose_outputs_outgrow_its_memory_says_so_and_serves_on():
+    """(The GPU's shared region, simulated) An out-of-memory in a batch step is answered as such, and the
+    runner waits for the next step: the parent may ask for fewer calls a batch. Any other error ends it."""
+    from evaluate_kernel.worker import _serve_host
+
+    class Steps:
+        def __init__(self, errors):
+            self.errors = errors
+
+        def go(self, layout):
+            e = self.errors.pop(0)
+            if e is not None:
+                raise e
+            return {"packed": "", "geometry": []}
+
+    sent = []
+    reqs = iter([{"cmd": "go", "layout": {}}, {"cmd": "go", "layout": {}}, {"cmd": "stop"}])
+    _serve_host(Steps([torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"), None]),
+                sent.append, lambda: next(reqs))
+    assert sent[0]["kind"] == "error" and sent[0]["out_of_memory"] is True and "out of memory" in sent[0]["error"]
+    assert sent[1]["kind"] == "done" and len(sent) == 2
+    with pytest.raises(ValueError):
+        _serve_host(Steps([ValueError("the candidate's own")]), sent.append,
+                    lambda: {"cmd": "go", "layout": {}})
