@@ -59,9 +59,9 @@ launches in place of the calls read 1.32x its twin on softmax@v0, and every set 
 runner's memory when its first call starts, so one launch over all of them read about 10x its twin there
 (seventeenth red team; the sixth measured no profit from computing several calls at once). On a GPU, work
 left running at "done" overlaps what an honest batch spends after its work (the answer, the stop, the
-switch to the prober's context): leaving the last call's work running read 1.013-1.015x its twin on
-conv_groupnorm, only its last kernel 1.002-1.005x (1.048x and 1.02x before the drain started on the
-runner's answer and looked again after a pause).
+switch to the prober's context): one candidate leaving its last call's work running read 1.013-1.015x
+its twin on conv_groupnorm, only its last kernel 1.002-1.005x (1.048x and 1.02x before the drain started
+on the runner's answer and looked again after a pause); those kept in tests/cheats lose (0.85-0.96x).
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the

@@ -119,12 +119,16 @@ class Batches:
 
 
 def module_call():
-    """nn.Module's own call path (hooks checked, then forward), as both sides call their model in a
-    batch. A runner takes it before any candidate code runs: a ModelNew whose __call__ skips that path
-    saved about a microsecond a call that the reference paid (1.11-1.17x on a 6 us ReLU, sixth red team);
-    the batch is the model's forward, reached the same way on both sides."""
-    import torch
-    return torch.nn.Module._call_impl
+    """How both sides call their model in a batch: its forward, directly. nn.Module's call path (hooks
+    checked, then forward) costs about a microsecond a call, and the harness's handle on whatever path it
+    takes lives in the candidate's process: taking nn.Module's path early stopped a ModelNew whose
+    __call__ skipped it (1.11-1.17x on a 6 us ReLU, sixth red team), but a candidate that reached the
+    handle and put its forward there still read 1.02-1.06x its twin on a 12 us softmax (twentieth). With
+    forward called directly there is nothing left to skip. (Hooks on ModelNew itself do not run in a
+    batch; its submodules' do, inside its forward, as the reference's do.)"""
+    def call(model, *xs):
+        return model.forward(*xs)
+    return call
 
 
 def hold_collections() -> None:

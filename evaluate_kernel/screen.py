@@ -107,6 +107,15 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
+def _constant_text(node: ast.AST) -> str | None:
+    """An attribute name written as a constant (a string, or an f-string of constant parts); else None."""
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in node.values):
+        return "".join(str(v.value) for v in node.values)
+    return None
+
+
 def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
     """(rule, line, detail) for every rule broken in the Python syntax tree and its string literals."""
     out: list[tuple[str, int, str]] = []
@@ -145,19 +154,24 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
                 out.append(("file_io", node.lineno, f"{name}(...)"))
             if name in _CALL_RULES:
                 out.append((_CALL_RULES[name], node.lineno, f"{name}(...)"))
-            if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2 \
-                    and not isinstance(node.args[1], (ast.Constant, ast.JoinedStr)) \
-                    and not (name in ("getattr", "hasattr") and _dotted(node.args[0]) == "self"):
-                # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames);
-                # getattr(self, name) over the model's own layer names is ordinary PyTorch.
-                out.append(("introspection", node.lineno, f"{name} with a computed attribute name"))
+            if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
+                attr = _constant_text(node.args[1])
+                if attr is None and not (name in ("getattr", "hasattr") and _dotted(node.args[0]) == "self"):
+                    # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames);
+                    # getattr(self, name) over the model's own layer names is ordinary PyTorch.
+                    out.append(("introspection", node.lineno, f"{name} with a computed attribute name"))
+                elif attr is not None and attr in _ATTR_RULES:   # the rules below, spelt as a string
+                    out.append((_ATTR_RULES[attr], node.lineno, f"{name}(..., {attr!r})"))
+                elif attr in ("modules", "__dict__") and _dotted(node.args[0]).split(".")[0] in module_alias:
+                    out.append(("introspection", node.lineno, f"{name}({_dotted(node.args[0])}, {attr!r})"))
             if name in ("setattr", "delattr") and node.args and _dotted(node.args[0]).split(".")[0] in module_alias:
                 out.append(("patching", node.lineno, f"{name}({_dotted(node.args[0])}, ...)"))
         elif isinstance(node, ast.Attribute):
             if node.attr in _ATTR_RULES:
                 out.append((_ATTR_RULES[node.attr], node.lineno, _dotted(node) or node.attr))
-            if _dotted(node) == "sys.modules":
-                out.append(("introspection", node.lineno, "sys.modules"))
+            if _dotted(node) == "sys.modules" or (node.attr == "__dict__"
+                                                  and _dotted(node.value).split(".")[0] in module_alias):
+                out.append(("introspection", node.lineno, _dotted(node)))
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for t in targets:

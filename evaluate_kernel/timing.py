@@ -342,8 +342,9 @@ class Timing:
         region (an honest candidate may hold more memory a call than the reference does: an output that is
         a view of a padded buffer), again with a quarter of the calls, both sides' batches from then on,
         while the calls still outlast four times a batch's fixed cost (the figure then leans little on that
-        cost's estimate: DESIGN.md, "Costs and limits"). Each try draws inputs from a new seed: the calls
-        of a batch that failed may have computed their outputs."""
+        cost's estimate: DESIGN.md, "Costs and limits"). The device is drained after a failed try, and
+        each try draws inputs from a new seed: the calls of a batch that failed may have computed their
+        outputs."""
         while True:
             try:
                 c, values = self._host_cand_batch(seed, n)
@@ -354,6 +355,11 @@ class Timing:
                         and fewer * ref_ms >= 4 * max(fixed * 1e3, 0.5)):
                     raise
                 self.details.setdefault("calls_cut_for_memory", []).append([n, fewer])
+                # Whatever the failed step left on the device ends before the next inputs are written (a
+                # kernel polling the region for them would otherwise compute them during the fill).
+                bad = self._drain(self._armed, "probe")
+                if bad is not None:
+                    return bad, None, seed, n
                 seed, n = secrets.randbits(31), fewer
 
     def _let_go(self, w: Worker, pid: int, req: dict, b: clock.Batch) -> dict:

@@ -278,7 +278,11 @@ def test_screen_more_patterns():
     cases = ['cpp = "std::thread t(work); t.detach();"', "import torch as T\nT.allclose = None",
              "setattr(torch, 'allclose', None)", "import os\nos.environ['X'] = '1'", "x = __import__('os')",
              'cu = "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);"', "import gc\n", "from inspect import stack",
-             "with torch.cuda.stream(s):\n    pass", "torch.backends.cudnn.allow_tf32 = True"]
+             "with torch.cuda.stream(s):\n    pass", "torch.backends.cudnn.allow_tf32 = True",
+             # the attribute rules spelt as strings (twentieth red team: frames walked by getattr)
+             "import sys\nf = getattr(sys, '_getframe')(1)", "g = getattr(f, 'f_locals')", "h = getattr(f, f'f_back')",
+             "import sys\nm = getattr(sys, 'modules')", "import sys\nm = sys.__dict__['modules']",
+             "b = hasattr(x, 'f_code')", "s = getattr(torch.cuda, 'Stream')()", "g = getattr(f, f'f_{name}')"]
     for c in cases:
         assert ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n").status == "rejected", c
 

@@ -36,15 +36,21 @@ class Fn(torch.nn.Module):
         return self.f(*xs)
 
 
-def test_a_model_is_called_the_modules_way_whatever_its_class_says():
-    """A ModelNew whose __call__ skips nn.Module's call path (a microsecond a call the reference pays) is
-    called through that path anyway, as the reference is."""
+def test_a_model_is_called_by_its_forward_whatever_its_class_says():
+    """Both sides' models are called by their forward, directly: a ModelNew whose __call__ skips nn.Module's
+    call path, or a candidate that puts its forward where the harness keeps its way of calling, saves
+    nothing the reference pays. Hooks on the model itself are not run."""
     class Skips(Fn):
         __call__ = Fn.forward
     seen = []
-    m = Skips(lambda x: x + 1)
-    m.register_forward_hook(lambda mod, args, out: seen.append(1))
-    assert CALL(m, torch.zeros(1)).item() == 1.0 and seen == [1]
+    for m in (Skips(lambda x: x + 1), Fn(lambda x: x + 1)):
+        m.register_forward_hook(lambda mod, args, out: seen.append(1))
+        m.register_forward_pre_hook(lambda mod, args: seen.append(2))
+        assert CALL(m, torch.zeros(1)).item() == 1.0
+    assert seen == []
+    inner = Fn(lambda x: x * 3)
+    inner.register_forward_hook(lambda mod, args, out: seen.append(3))
+    assert CALL(Fn(lambda x: inner(x)), torch.ones(1)).item() == 3.0 and seen == [3]   # a submodule's run
 
 
 def _sets(n: int, seed: int = 0) -> list[list]:

@@ -591,8 +591,8 @@ def test_an_armed_prober_starts_on_the_first_byte_on_the_runners_pipe_and_takes_
 def test_a_candidate_whose_outputs_outgrow_its_region_is_timed_with_fewer_calls():
     """An honest candidate may hold more memory a call than the reference (an output that is a view of a
     padded buffer: ten times its elements), and a batch sized by the reference's outputs then runs its
-    region out of memory. The batch is tried again with a quarter of the calls, on inputs from a new seed
-    (the failed calls may have computed outputs), while the calls outlast four times a batch's fixed cost;
+    region out of memory. The batch is tried again with a quarter of the calls, the device drained first,
+    on inputs from a new seed (the failed calls may have computed outputs), while the calls outlast four times a batch's fixed cost;
     any other error, or a cut below that, is the candidate's result."""
     from types import SimpleNamespace
 
@@ -601,20 +601,30 @@ def test_a_candidate_whose_outputs_outgrow_its_region_is_timed_with_fewer_calls(
     oom = {"kind": "error", "where": "timing", "error": "OutOfMemoryError: CUDA out of memory", "out_of_memory": True}
 
     class T(Timing):
-        def __init__(self, fits, answer=oom):
-            self.ev, self.details, self.fits, self.answer, self.tried = SimpleNamespace(device="cuda"), {}, fits, answer, []
+        def __init__(self, fits, answer=oom, busy=None):
+            self.ev, self.details, self.fits, self.answer = SimpleNamespace(device="cuda"), {}, fits, answer
+            self.tried, self.drained, self.busy = [], [], busy
 
         def _host_cand_batch(self, seed, n):
             self.tried.append((seed, n))
+            self._armed = clock.Batch("cand", n)
             if n > self.fits:
                 raise _Answered(self.answer)
-            return clock.Batch("cand", n), "claim"
+            return self._armed, "claim"
+
+        def _drain(self, b, phase):   # the failed step's own batch, drained before the next fill
+            self.drained.append((b.n, phase))
+            return self.busy
 
     t = T(fits=300)
     c, claim, seed, n = t._fitting_cand_batch(7, 4000, ref_ms=0.02, fixed=0.001)
     assert (n, c.n, claim) == (250, 250, "claim") and [k for _, k in t.tried] == [4000, 1000, 250]
     assert len({s for s, _ in t.tried}) == 3 and seed == t.tried[-1][0] != 7
     assert t.details["calls_cut_for_memory"] == [[4000, 1000], [1000, 250]]
+    assert t.drained == [(4000, "probe"), (1000, "probe")]
+    # a device the failed step left busy is that result
+    busy = T(fits=300, busy="busy")
+    assert busy._fitting_cand_batch(7, 4000, ref_ms=0.02, fixed=0.001)[0] == "busy" and len(busy.tried) == 1
     # 62 calls of 0.02 ms would last less than four times the 1 ms fixed cost: the error stands
     with pytest.raises(_Answered):
         T(fits=100)._fitting_cand_batch(7, 4000, ref_ms=0.02, fixed=0.001)
