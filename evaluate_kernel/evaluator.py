@@ -487,8 +487,8 @@ class Evaluator:
                 tampered = self._tamper_events
                 w = self._take_builder()
                 try:
-                    w.send({"role": "build", "candidate_src": src, "build": self.build_config(), "cpus": self.other_cpus,
-                            "env": self.extension_env(h)})
+                    w.send({"role": "build", "candidate_src": src, "reference_src": self.reference_src,
+                            "build": self.build_config(), "cpus": self.other_cpus, "env": self.extension_env(h)})
                     msg = w.recv(self.opts.build_timeout_s)
                 except TimeoutError:
                     return EvalResult("timeout", message=f"build exceeded {self.opts.build_timeout_s:.0f} s",

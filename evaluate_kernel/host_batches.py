@@ -255,7 +255,7 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
             offset += -(-items[-1]["nbytes"] // ALIGN) * ALIGN
         else:
             values = [xs[j] for xs in sets]
-            items.append({"value": x} if all(v == x for v in values) else {"values": values})
+            items.append({"value": _encode(x)} if all(v == x for v in values) else {"values": _encode(values)})
             json.dumps(items[-1])   # a value the runner cannot be sent fails here, in the reference worker
     set_bytes = max(ALIGN, offset)
     room = capacity - n * set_bytes
@@ -280,6 +280,28 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
     layout = {"n": n, "set_bytes": set_bytes, "base": base,
               "items": [{k: v for k, v in it.items() if k != "nbytes"} for it in items]}
     return layout, block
+
+
+def _encode(v):
+    """A value that is not a tensor, for JSON with its tuples kept (a reduction's dims=(1, 2) arrived as a
+    list in the timed calls, where the trials had passed it a tuple)."""
+    if isinstance(v, tuple):
+        return {"tuple": [_encode(x) for x in v]}
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    if isinstance(v, dict):
+        return {"dict": [[_encode(k), _encode(x)] for k, x in v.items()]}
+    return v
+
+
+def _decode(v):
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    if isinstance(v, dict) and set(v) == {"tuple"}:
+        return tuple(_decode(x) for x in v["tuple"])
+    if isinstance(v, dict) and set(v) == {"dict"}:
+        return {_decode(k): _decode(x) for k, x in v["dict"]}
+    return v
 
 
 def new_memfd(size: int) -> int:
@@ -307,9 +329,9 @@ def _views(cache: dict, whole, layout: dict) -> list[list]:
     cols = []
     for item in layout["items"]:
         if "value" in item:
-            cols.append([item["value"]] * n)
+            cols.append([_decode(item["value"])] * n)
         elif "values" in item:
-            cols.append(item["values"])
+            cols.append(_decode(item["values"]))
         else:
             dtype = torch_dtype(item["dtype"])
             size = torch.empty((), dtype=dtype).element_size()

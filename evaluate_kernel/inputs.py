@@ -6,6 +6,7 @@ Runs in the reference worker and in runners; the reference worker's copy is the 
 from __future__ import annotations
 
 import hashlib
+import math
 import traceback
 from typing import Any
 
@@ -146,7 +147,8 @@ def _delta_indices(values: list) -> dict[int, int]:
 
 def _counterparts(params: dict, ref_params: list, ref_values: list | None = None) -> tuple[list, list[str]]:
     """For each (name, shape) of the reference, ModelNew's parameter by name, else by shape and the same
-    values (ref_values: the reference's, in the same order), else by shape and order."""
+    values (ref_values: the reference's, in the same order), else by size and the same values in another
+    shape, else by shape and order."""
     import torch
     taken: set[str] = set()
     found: list = [None] * len(ref_params)
@@ -158,13 +160,20 @@ def _counterparts(params: dict, ref_params: list, ref_values: list | None = None
 
     def same_values(p, k: int) -> bool:
         v = ref_values[k] if ref_values is not None and k < len(ref_values) else None
-        return v is not None and v.shape == p.shape and torch.equal(p.detach().cpu().to(v.dtype), v)
+        return v is not None and v.numel() == p.numel() and torch.equal(p.detach().cpu().reshape(-1).to(v.dtype),
+                                                                         v.reshape(-1))
 
-    for matches in (same_values, lambda p, k: True):
+    def same_shape(p, shape) -> bool:
+        return list(p.shape) == list(shape)
+
+    def same_size(p, shape) -> bool:   # a bias kept as (1, N) for broadcasting: the same delta, reshaped
+        return p.numel() == math.prod(shape)
+
+    for shaped, matches in ((same_shape, same_values), (same_size, same_values), (same_shape, lambda p, k: True)):
         for k, (name, shape) in enumerate(ref_params):
             if found[k] is None:
                 other = next((n for n, p in params.items()
-                              if n not in taken and list(p.shape) == list(shape) and matches(p, k)), None)
+                              if n not in taken and shaped(p, shape) and matches(p, k)), None)
                 if other is not None:
                     found[k] = params[other]
                     taken.add(other)

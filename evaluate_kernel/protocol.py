@@ -11,8 +11,8 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 |--------|-----|----------------|------------------------------------------|------------------------------------------|
 | any    | ->  | role=prep      | device, gpu_lock, reference_src, ...     | runner: set up CUDA and the reference    |
 | runner | <-  | ready          | marks                                    | start-up done                            |
-| any    | ->  | role=build     | candidate_src, build, env, cpus          | exec the candidate with no GPU           |
-| build  | <-  | built          | compile_s, has_model, calls, headers     | module imported; libraries built         |
+| any    | ->  | role=build     | candidate_src, reference_src, build, ... | exec the candidate, no GPU; one ModelNew |
+| build  | <-  | built          | compile_s, has_model, calls, headers     | imported, constructed; libraries built   |
 | build  | <-  | compile_error  | error, compile_s                         | a load_inline call failed                |
 | any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
 | runner | <-  | outputs        | path, unmapped, marks, confined          | trial outputs saved to path              |

@@ -25,12 +25,13 @@ RULES: dict[str, str] = {
     "introspection": "no frame, gc or inspect introspection (it can read the harness's expected outputs)",
     "native_ffi": "no ctypes/cffi/dlopen (use load_inline for native code)",
     "patching": "no assignment to attributes of torch/time/builtins/os/sys modules, and no setattr on them "
-                "(patching timers, comparisons or precision flags)",
+                "(patching timers, comparisons or precision flags; torch.backends.cudnn.benchmark excepted)",
     "try_except": "no try/except or contextlib.suppress: a fallback to PyTorch hides a broken kernel",
     "reference_model": "do not use or subclass the reference class Model; write ModelNew yourself",
     "persisting_l2": "no persisting-L2 APIs (accessPolicyWindow, hitProp, cudaLimitPersistingL2CacheSize)",
     "streams": "no CUDA stream creation or stream switching (work on a side stream escapes the timer)",
-    "file_io": "no file I/O (open, os.open/os.read, /proc) and no writes to os.environ",
+    "file_io": "no file I/O (open, os.open/os.read, /proc) and no writes to os.environ (but for "
+               "TORCH_CUDA_ARCH_LIST, OMP_NUM_THREADS and MKL_NUM_THREADS)",
     "dynamic_code": "no pickle/marshal/importlib/exec/eval/compile/__import__ (code the screen cannot see)",
     "harness_access": "do not import or read the evaluator (evaluate_kernel) or its workers",
 }
@@ -68,6 +69,13 @@ _ATTR_RULES = {
 _OS_FILE_CALLS = {"open", "read", "write", "fdopen", "listdir", "scandir", "walk", "readlink", "pread", "getppid",
                   "dup", "dup2", "pipe", "mkfifo", "remove", "unlink", "rename", "chdir", "kill", "killpg"}
 _PATCH_ROOTS = {"torch", "time", "builtins", "os", "sys", "numpy", "math", "F", "nn"}
+# Settings a candidate may assign: they choose algorithms for its own calls, never precision or a timer.
+_SETTINGS = {"torch.backends.cudnn.benchmark"}
+# Environment variables a candidate may set (its extension's target architectures, its own thread count).
+_ENV_KEYS = {"TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+_ENV_WRITES = {"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear"}
+# Modules whose attributes may be looked up by a computed name (an activation chosen by a string).
+_NAMED_LOOKUPS = {"torch.nn.functional", "torch.nn", "torch"}
 # Native code is in string literals; these patterns run over them with C/C++ comments removed.
 _NATIVE_RULES = [
     ("persisting_l2", r"accessPolicyWindow|hitProp|PersistingL2|cudaLimitPersisting|cudaCtxResetPersisting"),
@@ -105,6 +113,13 @@ def _dotted(node: ast.AST) -> str:
     if isinstance(node, ast.Name):
         parts.append(node.id)
     return ".".join(reversed(parts))
+
+
+def _canonical(dotted: str, module_alias: dict[str, str]) -> str:
+    """A dotted name with its import alias spelt out (F.relu -> torch.nn.functional.relu)."""
+    root, _, rest = dotted.partition(".")
+    full = {"F": "torch.nn.functional", "nn": "torch.nn"}.get(root) or module_alias.get(root, root)
+    return f"{full}.{rest}" if rest else full
 
 
 def _constant_text(node: ast.AST) -> str | None:
@@ -156,9 +171,13 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
                 out.append((_CALL_RULES[name], node.lineno, f"{name}(...)"))
             if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
                 attr = _constant_text(node.args[1])
-                if attr is None and not (name in ("getattr", "hasattr") and _dotted(node.args[0]) == "self"):
+                on = _dotted(node.args[0])
+                own = on == "self" or on.startswith("self.")   # the model's own layers, by name
+                if attr is None and not (own or (name in ("getattr", "hasattr")
+                                                 and _canonical(on, module_alias) in _NAMED_LOOKUPS)):
                     # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames);
-                    # getattr(self, name) over the model's own layer names is ordinary PyTorch.
+                    # the model's own layers by name, or an activation from torch.nn.functional, are
+                    # ordinary PyTorch.
                     out.append(("introspection", node.lineno, f"{name} with a computed attribute name"))
                 elif attr is not None and attr in _ATTR_RULES:   # the rules below, spelt as a string
                     out.append((_ATTR_RULES[attr], node.lineno, f"{name}(..., {attr!r})"))
@@ -178,10 +197,17 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
                 base = t.value if isinstance(t, ast.Subscript) else t
                 dotted = _dotted(base)
                 if isinstance(base, ast.Attribute) and dotted.split(".")[0] in module_alias:
-                    rule = "file_io" if dotted.endswith("environ") else "patching"
-                    out.append((rule, node.lineno, f"assignment to {dotted}"))
-        if isinstance(node, ast.Call) and _dotted(node.func).endswith("environ.update"):
-            out.append(("file_io", node.lineno, "os.environ.update"))
+                    if dotted.endswith("environ"):
+                        key = _constant_text(t.slice) if isinstance(t, ast.Subscript) else None
+                        if not (key in _ENV_KEYS and not isinstance(node, ast.Delete)):
+                            out.append(("file_io", node.lineno, f"assignment to {dotted}"))
+                    elif not (_canonical(dotted, module_alias) in _SETTINGS and not isinstance(t, ast.Subscript)):
+                        out.append(("patching", node.lineno, f"assignment to {dotted}"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and _dotted(node.func.value).endswith("environ") and node.func.attr in _ENV_WRITES:
+            key = _constant_text(node.args[0]) if node.args and node.func.attr in ("setdefault", "__setitem__") else None
+            if key not in _ENV_KEYS:
+                out.append(("file_io", node.lineno, f"{_dotted(node.func)}(...)"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 3 \
                 and id(node) not in docstrings:
             text = _strip_c_comments(node.value)

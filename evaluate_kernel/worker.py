@@ -93,19 +93,26 @@ def main() -> None:
 
 # ------------------------------------------------------------------------------------------ builder
 def _role_build(job: dict, send) -> None:
-    """Exec the candidate with no GPU visible, so its load_inline builds land in the per-source directory."""
+    """Exec the candidate with no GPU visible, and construct its ModelNew once from the reference's
+    get_init_inputs(), so the load_inline builds of its import and of its constructor land in the
+    per-source directory (a runner may not start a compiler)."""
     record = _install_build_defaults(job["build"])
     t0 = time.perf_counter()
     try:
         ns = _exec_source(job["candidate_src"], "<candidate>")
         ok = "ModelNew" in ns
+        if ok and job.get("reference_src"):
+            import torch
+            init = _exec_source(job["reference_src"], "<reference>")["get_init_inputs"]()
+            with torch.no_grad():
+                ns["ModelNew"](*init)
         send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": ok, "calls": record["calls"],
               **_headers_used(record)})
     except BaseException as e:  # noqa: BLE001 - any failure is reported, never raised
         if record["error"]:
             send({"kind": "compile_error", "error": record["error"][-20000:], "compile_s": time.perf_counter() - t0,
                   **_headers_used(record)})
-        else:  # module-level code that needs the GPU fails here; the run reports it properly
+        else:  # code that needs the GPU (at import, in the constructor) fails here; the run reports it properly
             send({"kind": "built", "compile_s": time.perf_counter() - t0, "has_model": True,
                   "deferred_error": _short_traceback(e), "calls": record["calls"], **_headers_used(record)})
 

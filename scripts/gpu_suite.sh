@@ -25,7 +25,7 @@ for stage in $STAGES; do
   t0=$(date +%s)
   case $stage in
     quick)
-      timeout 150 $PYTEST -s -m gpu tests/test_cheats.py -k "batch_ or tail_ or twin or slow_reference" \
+      timeout 150 $PYTEST -s -m gpu tests/test_cheats.py -k "batch_ or tail_ or twin or slow_reference or oom_ or padded_output" \
         > "$OUT/cheats_gpu.log" 2>&1
       echo "== cheats (GPU)"; grep -E "OBSERVED|twin|passed|failed|Error" "$OUT/cheats_gpu.log" | tail -40
       timeout 120 python3 scripts/bench_eval.py --out "$OUT/bench_eval.md" --new 1 --repeats 4 --budget-s 60 \

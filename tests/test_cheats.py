@@ -3,7 +3,7 @@
 Every file in tests/cheats/ is a complete KernelBench answer (defines `ModelNew`) that cheats in one known
 way (tests/cheats/README.md has the catalogue). Its module docstring carries machine-readable lines:
 
-    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu | two_gn |
+    REFERENCE: gn | softmax | relu | matmul | bias_reduce | loop_softmax | gn_cuda | inf_relu | two_gn | reduce_dims |
                flatten | transpose
     EXPECT:    a |-separated set of statuses, or "honest-timing", "no-profit" or "no-leak"
     TWIN:      for "no-profit": the honest file in tests/honest/ computing the same thing without the trick
@@ -355,6 +355,29 @@ def get_init_inputs():
 '''
 
 
+REDUCE_DIMS_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A sum over dimensions passed to forward as a tuple."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, dims):
+        return x.sum(dim=dims)
+
+
+def get_inputs():
+    return [torch.randn(16, 64, 128), (1, 2)]
+
+
+def get_init_inputs():
+    return []
+'''
+
 REFERENCES = {
     "gn": _gn(8, 3, 16, 32, 8),                    # level2 #92 at KernelBench v0 sizes, batch 8
     "gn_cuda": _gn(32, 8, 64, 128, 16),            # a quarter of the v0.1 batch, for the GPU tests
@@ -368,6 +391,7 @@ REFERENCES = {
     "two_gn": TWO_GN_SRC,
     "flatten": FLATTEN_SRC,
     "transpose": TRANSPOSE_SRC,
+    "reduce_dims": REDUCE_DIMS_SRC,
 }
 
 

@@ -282,9 +282,26 @@ def test_screen_more_patterns():
              # the attribute rules spelt as strings (twentieth red team: frames walked by getattr)
              "import sys\nf = getattr(sys, '_getframe')(1)", "g = getattr(f, 'f_locals')", "h = getattr(f, f'f_back')",
              "import sys\nm = getattr(sys, 'modules')", "import sys\nm = sys.__dict__['modules']",
-             "b = hasattr(x, 'f_code')", "s = getattr(torch.cuda, 'Stream')()", "g = getattr(f, f'f_{name}')"]
+             "b = hasattr(x, 'f_code')", "s = getattr(torch.cuda, 'Stream')()", "g = getattr(f, f'f_{name}')",
+             # the environment: only a few keys, and by no other spelling
+             "import os\nos.environ.setdefault('LD_PRELOAD', 'x')", "import os\nos.environ.__setitem__('X', '1')",
+             "import os\ndel os.environ['OMP_NUM_THREADS']", "import os\nos.environ[key] = '1'",
+             "torch.backends.cuda.matmul.allow_tf32 = True", "import sys\nsetattr(sys, name, None)"]
     for c in cases:
         assert ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n").status == "rejected", c
+
+
+def test_screen_accepts_common_honest_spellings():
+    """Found refused by the screen in a sweep of honest candidates: layers registered and looked up by
+    computed names, an activation from torch.nn.functional by name, cuDNN's autotuner, a few environment
+    variables an extension build or a thread count reads."""
+    cases = ["for i in range(3):\n    setattr(self, f'act{i}', torch.nn.ReLU())",
+             "y = getattr(self.acts, self.first)(x)", "import torch.nn.functional as F\ny = getattr(F, self.act)(x)",
+             "torch.backends.cudnn.benchmark = True", "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'",
+             "import os\nos.environ.setdefault('OMP_NUM_THREADS', '1')", "y = getattr(torch, self.dtype_name)"]
+    for c in cases:
+        v = ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n")
+        assert v.status == "ok", (c, v.message)
 
 
 def test_rules_are_documented():

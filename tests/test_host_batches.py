@@ -36,21 +36,28 @@ class Fn(torch.nn.Module):
         return self.f(*xs)
 
 
-def test_a_model_is_called_by_its_forward_whatever_its_class_says():
-    """Both sides' models are called by their forward, directly: a ModelNew whose __call__ skips nn.Module's
-    call path, or a candidate that puts its forward where the harness keeps its way of calling, saves
-    nothing the reference pays. Hooks on the model itself are not run."""
+def test_a_model_is_called_as_its_modules_path_would_whatever_its_class_says():
+    """Both sides' models are called as nn.Module's call path would call them: a model without hooks by
+    its forward, directly, so a ModelNew whose __call__ skips that path, or a candidate that puts its
+    forward where the harness keeps its way of calling, saves nothing the reference pays; a model with
+    hooks of its own (run in the trials) through the path, its hooks run."""
     class Skips(Fn):
         __call__ = Fn.forward
     seen = []
+    assert CALL(Skips(lambda x: x + 1), torch.zeros(1)).item() == 1.0
     for m in (Skips(lambda x: x + 1), Fn(lambda x: x + 1)):
-        m.register_forward_hook(lambda mod, args, out: seen.append(1))
+        m.register_forward_hook(lambda mod, args, out: out * 10)
         m.register_forward_pre_hook(lambda mod, args: seen.append(2))
-        assert CALL(m, torch.zeros(1)).item() == 1.0
-    assert seen == []
+        assert CALL(m, torch.zeros(1)).item() == 10.0
+    assert seen == [2, 2]
     inner = Fn(lambda x: x * 3)
     inner.register_forward_hook(lambda mod, args, out: seen.append(3))
-    assert CALL(Fn(lambda x: inner(x)), torch.ones(1)).item() == 3.0 and seen == [3]   # a submodule's run
+    assert CALL(Fn(lambda x: inner(x)), torch.ones(1)).item() == 3.0 and seen == [2, 2, 3]   # a submodule's run
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: out + 100)
+    try:   # a global hook: the path, as the trials' call would take it
+        assert CALL(Fn(lambda x: x + 1), torch.zeros(1)).item() == 101.0
+    finally:
+        handle.remove()
 
 
 def _sets(n: int, seed: int = 0) -> list[list]:
@@ -59,7 +66,7 @@ def _sets(n: int, seed: int = 0) -> list[list]:
     for _ in range(n):
         a = torch.randn(5, 7, generator=g)
         out.append([a, a.t(), torch.randint(0, 9, (3,), generator=g), torch.randn(4, generator=g).to(torch.bfloat16),
-                    torch.tensor(True), 3, 0.5])
+                    torch.tensor(True), 3, 0.5, (1, 2), [3, (4, 5)], {"dims": (0,)}])
     return out
 
 
@@ -67,11 +74,14 @@ def _sets(n: int, seed: int = 0) -> list[list]:
 @settings(max_examples=25, deadline=None)
 def test_layout_round_trips_every_input_as_drawn(n, seed):
     """Strides (a transposed view), integer, bfloat16 and 0-d inputs and plain values come back equal,
-    each set's tensors on a cache line of their own, in the file at the layout's random base."""
+    each set's tensors on a cache line of their own, in the file at the layout's random base; the layout
+    travels as JSON, and tuples among the values stay tuples (dims=(1, 2) once arrived as a list)."""
+    import json
     sets = _sets(n, seed)
     arena = Arena.create(4 << 20)
     try:
         layout, block = pack(sets, arena.size)
+        layout = json.loads(json.dumps(layout))
         arena.write(block, layout["base"])
         got = arena.views(layout)
         assert len(got) == n and layout["base"] % ALIGN == 0 and layout["set_bytes"] % ALIGN == 0
@@ -81,7 +91,8 @@ def test_layout_round_trips_every_input_as_drawn(n, seed):
                     assert y.dtype == x.dtype and y.shape == x.shape and y.stride() == x.stride()
                     assert torch.equal(x, y) and y.data_ptr() % ALIGN == 0
                 else:
-                    assert y == x
+                    assert y == x and type(y) is type(x)
+                    assert all(type(a) is type(b) for a, b in zip(x, y)) if isinstance(x, (list, tuple)) else True
     finally:
         arena.close()
 
