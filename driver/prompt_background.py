@@ -33,10 +33,12 @@ def kernel_background(facts: dict, task_description: str, tolerance: str = "abou
                 "Custom C++ goes through `torch.utils.cpp_extension.load_inline` (give the extension a unique "
                 "name); mixing custom code with PyTorch calls is allowed."),
         where="already on the GPU" if gpu else "on the CPU",
-        timing=(f"timed with CUDA events, each call after a device-wide synchronisation and an L2 flush; "
-                f"the score is the median runtime" if gpu else
-                f"timed with the host clock, median of many calls, with PyTorch limited to "
-                f"{_threads(facts)}: plan for single-threaded code, extra threads gain nothing"),
+        timing=("measured over batches of back-to-back calls, each on fresh inputs, by the host's clock until "
+                "the GPU is idle again (work still running on any stream counts), alternating with the "
+                "reference's batches; the score is the speedup over the reference" if gpu else
+                f"the process's CPU time over batches of back-to-back calls, each on fresh inputs, alternating "
+                f"with the reference's, with PyTorch limited to {_threads(facts)}: plan for single-threaded "
+                f"code, extra threads gain nothing"),
         hidden=("extra threads or CUDA streams that hide work from the timer" if gpu else
                 "extra threads or processes that hide work from the timer"),
         tolerance=tolerance)
@@ -97,7 +99,8 @@ them (same modules, same order: both models get the same seeded weights). {custo
 tensors {where}; outputs float32 with the reference's shapes.
 
 The evaluator compares outputs with the reference within {tolerance} on several input distributions and
-re-seeded weights (fp16, bf16 or TF32 arithmetic usually fails). Runtime is {timing}. Rejected: try/except
+re-seeded weights, its biases and norm parameters perturbed after construction: read the parameters in
+forward, do not fold them into constants (fp16, bf16 or TF32 arithmetic usually fails). Runtime is {timing}. Rejected: try/except
 fallbacks, {hidden}, caching outputs between calls, subclassing or calling `Model`, tensor subclasses,
 patching timers."""
 

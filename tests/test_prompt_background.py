@@ -23,7 +23,8 @@ def test_cpu_background_states_threads_isa_compiler_and_flags_and_no_gpu_wording
     for needle in ("AMD EPYC 9654", "1 thread used for timing", "2 cores", "avx2, fma", "c++ (Debian 12.2.0-14)",
                    "`-fPIC -std=c++20`", "no optimisation flag", "-O3", "single-threaded", "conv + GroupNorm",
                    "ModelNew", "load_inline", "same order", "float32", "on the CPU", "try/except", "caching",
-                   "subclassing", "tensor subclasses", "re-seeded weights"):
+                   "subclassing", "tensor subclasses", "re-seeded weights", "perturbed after construction",
+                   "CPU time over batches"):
         assert needle in text, needle
     four = prompt_background.kernel_background({**CPU, "threads": 4, "cflags": "-O2 -fPIC"}, "x")
     assert "4 threads used for timing" in four and "no optimisation flag" not in four
@@ -33,7 +34,8 @@ def test_gpu_background_states_the_measured_device_facts():
     facts = prompt_background.gpu_facts(GPU_INFO)
     text = prompt_background.kernel_background(facts, "softmax")
     for needle in ("NVIDIA H200", "compute capability 9.0", "132 SMs", "140 GiB memory", "4,300 GB/s",
-                   "60 MiB L2", "CUDA events", "L2 flush", "already on the GPU", "streams", "softmax"):
+                   "60 MiB L2", "back-to-back calls", "until the GPU is idle", "already on the GPU", "streams",
+                   "softmax", "speedup over the reference"):
         assert needle in text, needle
     no_bandwidth = prompt_background.gpu_facts({**GPU_INFO, "mem_bw_bytes_per_s": None})
     assert "GB/s" not in prompt_background.describe_device(no_bandwidth)

@@ -1,5 +1,5 @@
-# pacevolve best for task conv_groupnorm_small on CPU (x86_64, 2 cores): 1.20x ±2% (0.7808 ms vs reference 0.9298 ms beside it); the reference measured 0.9038 ms at the start
-# island 0, generation 2, program 5ae1de95d1f8
+# pacevolve best for task conv_groupnorm_small on CPU (x86_64, 2 cores): 1.27x ±1% (1.058 ms vs reference 1.337 ms beside it); the reference measured 1.342 ms at the start
+# island 0, generation 1, program f51d61361c6b
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,4 +19,4 @@ class ModelNew(nn.Module):
         F.hardswish(t, inplace=True)
         return torch.logsumexp(t.add_(c), dim=1, keepdim=True)
 
-_VARIANT = 198070054
+_VARIANT = 554584085

@@ -10,7 +10,9 @@ class ModelNew(nn.Module):
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
 
     def forward(self, x):
-        c = self.conv(x)
-        return torch.logsumexp(F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
+        for _ in range(3):   # the same work three times: honest but slow
+            c = self.conv(x)
+            y = torch.logsumexp(c + F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
+        return y
 
-_VARIANT = 236160581
+_VARIANT = 428377964

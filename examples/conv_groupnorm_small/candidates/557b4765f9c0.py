@@ -10,9 +10,9 @@ class ModelNew(nn.Module):
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
 
     def forward(self, x):
-        for _ in range(3):   # the same work three times: honest but slow
-            c = self.conv(x)
-            y = torch.logsumexp(c + F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
-        return y
+        c = self.conv(x)
+        t = torch.tanh(self.group_norm(c))
+        # tanh is inside (-1, 1), so hardswish's clamp never fires: t * (t + 3) / 6 exactly
+        return torch.logsumexp(c + t * (t + 3.0) / 6.0, dim=1, keepdim=True)
 
-_VARIANT = 153369504
+_VARIANT = 608814797

@@ -10,9 +10,11 @@ class ModelNew(nn.Module):
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
 
     def forward(self, x):
-        for _ in range(3):   # the same work three times: honest but slow
-            c = self.conv(x)
-            y = torch.logsumexp(c + F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
-        return y
+        c = F.conv2d(x, self.conv.weight, self.conv.bias)
+        t = F.group_norm(c, self.group_norm.num_groups, self.group_norm.weight, self.group_norm.bias,
+                         self.group_norm.eps)
+        t.tanh_()
+        F.hardswish(t, inplace=True)
+        return torch.logsumexp(t.add_(c), dim=1, keepdim=True)
 
-_VARIANT = 570577626
+_VARIANT = 554584085

@@ -10,9 +10,11 @@ class ModelNew(nn.Module):
         self.group_norm = nn.GroupNorm(groups, out_channels, eps=eps)
 
     def forward(self, x):
-        c = self.conv(x)
-        t = torch.tanh(self.group_norm(c))
-        # tanh is inside (-1, 1), so hardswish's clamp never fires: t * (t + 3) / 6 exactly
-        return torch.logsumexp(c + t * (t + 3.0) / 6.0, dim=1, keepdim=True)
+        c = F.conv2d(x, self.conv.weight, self.conv.bias)
+        t = F.group_norm(c, self.group_norm.num_groups, self.group_norm.weight, self.group_norm.bias,
+                         self.group_norm.eps)
+        t.tanh_()
+        F.hardswish(t, inplace=True)
+        return torch.logsumexp(t.add_(c), dim=1, keepdim=True)
 
-_VARIANT = 41741433
+_VARIANT = 693926108

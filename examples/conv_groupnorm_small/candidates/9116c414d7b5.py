@@ -11,6 +11,8 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         c = self.conv(x)
-        return torch.logsumexp(F.hardswish(torch.tanh(self.group_norm(c))), dim=1, keepdim=True)
+        t = torch.tanh(self.group_norm(c))
+        # tanh is inside (-1, 1), so hardswish's clamp never fires: t * (t + 3) / 6 exactly
+        return torch.logsumexp(c + t * (t + 3.0) / 6.0, dim=1, keepdim=True)
 
-_VARIANT = 145180655
+_VARIANT = 515897447
