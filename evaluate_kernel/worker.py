@@ -101,7 +101,7 @@ def _role_build(job: dict, send) -> None:
     try:
         ns = _exec_source(job["candidate_src"], "<candidate>")
         ok = "ModelNew" in ns
-        if ok and job.get("reference_src"):
+        if ok and job.get("reference_src") and "cpp_extension" in job["candidate_src"]:   # it may build
             import torch
             init = _exec_source(job["reference_src"], "<reference>")["get_init_inputs"]()
             with torch.no_grad():
