@@ -66,7 +66,11 @@ Outputs of calls not chosen for checking are bound only by their digests or the 
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
 runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
-writable to candidates (and, without a namespace, /dev/shm). Not measured: energy, memory footprint as a score, clock locking (the
+writable to candidates (and, without a namespace, /dev/shm). Not supported: inputs that hold tensors
+inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
+Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
+import or in the constructor); parameters folded into constants at construction (the perturbed-weights
+trial); an output buffer reused across calls (every timed call's output is kept and may be checked). Not measured: energy, memory footprint as a score, clock locking (the
 GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the

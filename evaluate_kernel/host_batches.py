@@ -255,8 +255,15 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
             offset += -(-items[-1]["nbytes"] // ALIGN) * ALIGN
         else:
             values = [xs[j] for xs in sets]
+            if _holds_tensor(x):
+                raise ValueError(f"input {j} of get_inputs() is a {type(x).__name__} holding tensors: the timing lays out "
+                                 "tensors passed as arguments of their own (pass each tensor as an argument)")
             items.append({"value": _encode(x)} if all(v == x for v in values) else {"values": _encode(values)})
-            json.dumps(items[-1])   # a value the runner cannot be sent fails here, in the reference worker
+            try:
+                json.dumps(items[-1])
+            except (TypeError, ValueError) as e:   # in the reference worker, before any candidate runs
+                raise ValueError(f"input {j} of get_inputs() ({type(x).__name__}) cannot be sent to the timed "
+                                 f"process: {e}") from None
     set_bytes = max(ALIGN, offset)
     room = capacity - n * set_bytes
     if room < 0:
@@ -282,6 +289,17 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
     return layout, block
 
 
+def _holds_tensor(v) -> bool:
+    import torch
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tensor(x) for x in v)
+    if isinstance(v, dict):
+        return any(_holds_tensor(x) for x in v.values())
+    return False
+
+
 def _encode(v):
     """A value that is not a tensor, for JSON with its tuples kept (a reduction's dims=(1, 2) arrived as a
     list in the timed calls, where the trials had passed it a tuple)."""
@@ -291,6 +309,8 @@ def _encode(v):
         return [_encode(x) for x in v]
     if isinstance(v, dict):
         return {"dict": [[_encode(k), _encode(x)] for k, x in v.items()]}
+    if type(v).__name__ == "dtype" and type(v).__module__ == "torch":
+        return {"dtype": str(v).removeprefix("torch.")}
     return v
 
 
@@ -301,6 +321,8 @@ def _decode(v):
         return tuple(_decode(x) for x in v["tuple"])
     if isinstance(v, dict) and set(v) == {"dict"}:
         return {_decode(k): _decode(x) for k, x in v["dict"]}
+    if isinstance(v, dict) and set(v) == {"dtype"}:
+        return torch_dtype(v["dtype"])
     return v
 
 

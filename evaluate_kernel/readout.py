@@ -32,6 +32,11 @@ class Claim:
         self.nbytes = [_extent(shape, stride) * DTYPE_SIZES[dtype] for dtype, shape, stride in geometry]
 
 
+
+# What claim() refuses that an honest program can do (an output buffer reused from call to call, outputs
+# allocated outside torch's allocator): the message says how to fix it, without calling it forged.
+HONEST_MISTAKES = ("returned outputs in the same memory", "returned an output outside the memory the evaluator reads")
+
 def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = (),
           views: set[int] = frozenset(), within: int | None = None) -> Claim | str:
     """The runner's reply as a Claim, or what is wrong with it. reference: the reference's geometry for

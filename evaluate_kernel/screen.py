@@ -71,6 +71,10 @@ _OS_FILE_CALLS = {"open", "read", "write", "fdopen", "listdir", "scandir", "walk
 _PATCH_ROOTS = {"torch", "time", "builtins", "os", "sys", "numpy", "math", "F", "nn"}
 # Settings a candidate may assign: they choose algorithms for its own calls, never precision or a timer.
 _SETTINGS = {"torch.backends.cudnn.benchmark"}
+# Precision flags a candidate may turn off (full fp32, as the reference runs), never on.
+_OFF_ONLY = {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+             "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+             "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"}
 # Environment variables a candidate may set (its extension's target architectures, its own thread count).
 _ENV_KEYS = {"TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
 _ENV_WRITES = {"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear"}
@@ -83,7 +87,9 @@ _NATIVE_RULES = [
     ("streams", r"StreamCreate|CreateWithFlags|CreateWithPriority|NonBlocking|NON_BLOCKING|getStreamFromPool"
                 r"|getStreamFromExternal|StreamGuard|cublasSetStream|setCurrentCUDAStream|GetDriverEntryPoint"
                 r"|GetProcAddress"),
-    ("threads", r"std::thread|std::async|pthread_create|std::jthread|#\s*include\s*<thread>|omp\s+task"),
+    # A thread that is started (not std::thread::hardware_concurrency, not the header); an OpenMP task
+    # may outlive its region (taskloop, like parallel for, ends with it).
+    ("threads", r"std::thread(?!::hardware_concurrency)\b|std::async|pthread_create|std::jthread|omp\s+task\b"),
     ("subprocess", r"\bsystem\s*\(|\bpopen\s*\(|\bfork\s*\(|\bexec[lv]p?e?\s*\("),
     ("file_io", r"\bfopen\s*\(|std::[io]?fstream|\bopen\s*\(\s*\"|/proc/|\bsetenv\s*\("),
     ("native_ffi", r"\bdlopen\s*\(|\bdlsym\s*\("),
@@ -201,7 +207,10 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
                         key = _constant_text(t.slice) if isinstance(t, ast.Subscript) else None
                         if not (key in _ENV_KEYS and not isinstance(node, ast.Delete)):
                             out.append(("file_io", node.lineno, f"assignment to {dotted}"))
-                    elif not (_canonical(dotted, module_alias) in _SETTINGS and not isinstance(t, ast.Subscript)):
+                    elif not (not isinstance(t, ast.Subscript) and (
+                            _canonical(dotted, module_alias) in _SETTINGS
+                            or (_canonical(dotted, module_alias) in _OFF_ONLY and isinstance(node, ast.Assign)
+                                and isinstance(node.value, ast.Constant) and node.value.value is False))):
                         out.append(("patching", node.lineno, f"assignment to {dotted}"))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and _dotted(node.func.value).endswith("environ") and node.func.attr in _ENV_WRITES:

@@ -333,7 +333,7 @@ class Timing:
         c = readout.claim(msg, n, self._ref_geometry or [], self._input_ranges(self.w, self.main, reply["layout"]),
                           self._ref_views, within=self.w.region[2] if gpu else None)
         if isinstance(c, str):
-            return _forged(self.details, c), None
+            return _forged(self.details, c, honest_mistake=any(m in c for m in readout.HONEST_MISTAKES)), None
         c.layout = reply["layout"]
         return b, c
 

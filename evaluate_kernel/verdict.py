@@ -48,8 +48,11 @@ def timing_details(timed: dict, device: str) -> dict:
     return out
 
 
-def forged(details: dict, what: str) -> EvalResult:
-    return EvalResult("rejected", message=f"rejected: {what} (forged result)", details=details)
+def forged(details: dict, what: str, honest_mistake: bool = False) -> EvalResult:
+    """A runner's answer the evaluator refuses; honest_mistake: one an honest program can give (outputs
+    reused across calls), said so without calling it forged."""
+    return EvalResult("rejected", message=f"rejected: {what}" + ("" if honest_mistake else " (forged result)"),
+                      details=details)
 
 
 def failure(msg: dict, details: dict) -> EvalResult:
@@ -60,6 +63,10 @@ def failure(msg: dict, details: dict) -> EvalResult:
         return forged(details, f"the runner answered {kind!r} out of turn")
     if "out of memory" in err.lower():
         err = "out of memory: " + err
+    elif ("Operation not permitted" in err or "PermissionError" in err) and any(
+            k in err for k in ("Inductor", "inductor", "dynamo", "triton", "Triton")):
+        err = ("torch.compile and Triton compile at the first call, in a process that may not start a compiler; "
+               "build native code with load_inline at import or in the constructor: " + err)
     where = str(msg.get("where", "run"))[:40]
     status = "invalid" if where == "import" and "ModelNew" in err and "KeyError" in err else "runtime_error"
     return EvalResult(status, message=f"{where}: {err}", details=dict(details, error=err))

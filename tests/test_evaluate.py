@@ -286,7 +286,8 @@ def test_screen_more_patterns():
              # the environment: only a few keys, and by no other spelling
              "import os\nos.environ.setdefault('LD_PRELOAD', 'x')", "import os\nos.environ.__setitem__('X', '1')",
              "import os\ndel os.environ['OMP_NUM_THREADS']", "import os\nos.environ[key] = '1'",
-             "torch.backends.cuda.matmul.allow_tf32 = True", "import sys\nsetattr(sys, name, None)"]
+             "torch.backends.cuda.matmul.allow_tf32 = True", "import sys\nsetattr(sys, name, None)",
+             'cpp = "std::thread t(work);"', 'cpp = "#pragma omp task\\nwork();"', "torch.backends.cudnn.allow_tf32 = x"]
     for c in cases:
         assert ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n").status == "rejected", c
 
@@ -298,10 +299,24 @@ def test_screen_accepts_common_honest_spellings():
     cases = ["for i in range(3):\n    setattr(self, f'act{i}', torch.nn.ReLU())",
              "y = getattr(self.acts, self.first)(x)", "import torch.nn.functional as F\ny = getattr(F, self.act)(x)",
              "torch.backends.cudnn.benchmark = True", "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'",
-             "import os\nos.environ.setdefault('OMP_NUM_THREADS', '1')", "y = getattr(torch, self.dtype_name)"]
+             "import os\nos.environ.setdefault('OMP_NUM_THREADS', '1')", "y = getattr(torch, self.dtype_name)",
+             "torch.backends.cuda.matmul.allow_tf32 = False",
+             'cpp = "#include <thread>\\nint n = std::thread::hardware_concurrency();"',
+             'cpp = "#pragma omp taskloop\\nfor (int i = 0; i < n; ++i) y[i] = x[i];"']
     for c in cases:
         v = ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n")
         assert v.status == "ok", (c, v.message)
+
+
+def test_failure_messages_say_what_an_honest_program_can_do_about_them():
+    from evaluate_kernel import readout, verdict
+    r = verdict.failure({"kind": "error", "where": "forward",
+                         "error": "InductorError: PermissionError: [Errno 1] Operation not permitted"}, {})
+    assert r.status == "runtime_error" and "torch.compile" in r.message and "load_inline" in r.message
+    same = "calls 0 and 1 returned outputs in the same memory: return a new tensor from every call"
+    assert any(m in same for m in readout.HONEST_MISTAKES)
+    assert verdict.forged({}, same, honest_mistake=True).message == "rejected: " + same
+    assert verdict.forged({}, "the runner answered 'x' out of turn").message.endswith("(forged result)")
 
 
 def test_rules_are_documented():
@@ -315,6 +330,22 @@ def test_evalresult_json_round_trip():
     back = ek.EvalResult.from_dict(json.loads(r.to_json()))
     assert back == r
     assert set(ek.STATUSES) >= {r.status}
+
+
+def test_half_precision_outputs_are_held_to_their_own_resolution():
+    """A bf16 affine computed in fp32 and rounded once differs from the reference's two roundings by an ulp
+    on about a quarter of the elements (relative L2 0.003, found refused in a sweep of honest candidates);
+    an error of a few ulps everywhere still fails, and fp32 outputs keep the given tolerances."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(64, 256, generator=g) for _ in range(3))
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    ref = xb * wb + bb                                              # two roundings
+    once = (xb.float() * wb.float() + bb.float()).bfloat16()        # one
+    assert not torch.equal(ref, once)
+    assert ek.compare_outputs([once], [ref], 1e-4, 1e-4, 1e-5)["ok"]
+    assert not ek.compare_outputs([(ref.float() * 1.05).bfloat16()], [ref], 1e-4, 1e-4, 1e-5)["ok"]
+    assert not ek.compare_outputs([once.float()], [ref.float() + 1e-3], 1e-4, 1e-4, 1e-5)["ok"]
 
 
 def test_tolerance_scales_with_output_magnitude():

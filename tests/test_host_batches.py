@@ -66,7 +66,7 @@ def _sets(n: int, seed: int = 0) -> list[list]:
     for _ in range(n):
         a = torch.randn(5, 7, generator=g)
         out.append([a, a.t(), torch.randint(0, 9, (3,), generator=g), torch.randn(4, generator=g).to(torch.bfloat16),
-                    torch.tensor(True), 3, 0.5, (1, 2), [3, (4, 5)], {"dims": (0,)}])
+                    torch.tensor(True), 3, 0.5, (1, 2), [3, (4, 5)], {"dims": (0,)}, torch.float16])
     return out
 
 
@@ -95,6 +95,13 @@ def test_layout_round_trips_every_input_as_drawn(n, seed):
                     assert all(type(a) is type(b) for a, b in zip(x, y)) if isinstance(x, (list, tuple)) else True
     finally:
         arena.close()
+
+
+def test_inputs_the_timing_cannot_lay_out_are_refused_with_a_reason():
+    with pytest.raises(ValueError, match="input 1 of get_inputs.. is a list holding tensors"):
+        pack([[torch.zeros(2), [torch.ones(2), torch.ones(2)]]], 1 << 20)
+    with pytest.raises(ValueError, match="input 1 of get_inputs.. .object. cannot be sent"):
+        pack([[torch.zeros(2), object()]], 1 << 20)
 
 
 def test_values_that_differ_between_sets_travel_per_set():
