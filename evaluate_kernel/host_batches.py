@@ -301,10 +301,10 @@ def _holds_tensor(v) -> bool:
 
 
 def _encode(v):
-    """A value that is not a tensor, for JSON with its tuples kept (a reduction's dims=(1, 2) arrived as a
-    list in the timed calls, where the trials had passed it a tuple)."""
+    """A value that is not a tensor, for JSON with its tuples, torch.Size and torch.dtype kept (a reduction's
+    dims=(1, 2) arrived as a list in the timed calls, where the trials had passed it a tuple)."""
     if isinstance(v, tuple):
-        return {"tuple": [_encode(x) for x in v]}
+        return {"size" if type(v).__name__ == "Size" else "tuple": [_encode(x) for x in v]}
     if isinstance(v, list):
         return [_encode(x) for x in v]
     if isinstance(v, dict):
@@ -319,6 +319,9 @@ def _decode(v):
         return [_decode(x) for x in v]
     if isinstance(v, dict) and set(v) == {"tuple"}:
         return tuple(_decode(x) for x in v["tuple"])
+    if isinstance(v, dict) and set(v) == {"size"}:
+        import torch
+        return torch.Size(v["size"])
     if isinstance(v, dict) and set(v) == {"dict"}:
         return {_decode(k): _decode(x) for k, x in v["dict"]}
     if isinstance(v, dict) and set(v) == {"dtype"}:

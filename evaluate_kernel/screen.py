@@ -22,7 +22,8 @@ RULES: dict[str, str] = {
     "subprocess": "no subprocesses, shell commands or sockets",
     "tensor_subclass": "no tensor subclasses or __torch_function__/__torch_dispatch__ (lazy outputs that "
                        "compute during the check)",
-    "introspection": "no frame, gc or inspect introspection (it can read the harness's expected outputs)",
+    "introspection": "no frame, gc or inspect introspection, and no getattr/setattr by a computed name except on "
+                     "self (use a dict of the functions you need); it can read the harness's expected outputs",
     "native_ffi": "no ctypes/cffi/dlopen (use load_inline for native code)",
     "patching": "no assignment to attributes of torch/time/builtins/os/sys modules, and no setattr on them "
                 "(patching timers, comparisons or precision flags; torch.backends.cudnn.benchmark excepted)",
@@ -78,8 +79,7 @@ _OFF_ONLY = {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allo
 # Environment variables a candidate may set (its extension's target architectures, its own thread count).
 _ENV_KEYS = {"TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
 _ENV_WRITES = {"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear"}
-# Modules whose attributes may be looked up by a computed name (an activation chosen by a string).
-_NAMED_LOOKUPS = {"torch.nn.functional", "torch.nn", "torch"}
+
 # Native code is in string literals; these patterns run over them with C/C++ comments removed.
 _NATIVE_RULES = [
     ("persisting_l2", r"accessPolicyWindow|hitProp|PersistingL2|cudaLimitPersisting|cudaCtxResetPersisting"),
@@ -175,15 +175,16 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
                 out.append(("file_io", node.lineno, f"{name}(...)"))
             if name in _CALL_RULES:
                 out.append((_CALL_RULES[name], node.lineno, f"{name}(...)"))
+            if _canonical(name, module_alias) == "torch.set_float32_matmul_precision" and not (
+                    node.args and _constant_text(node.args[0]) == "highest"):   # TF32 or bf16 passes
+                out.append(("patching", node.lineno, f"{name}(...)"))
             if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
                 attr = _constant_text(node.args[1])
-                on = _dotted(node.args[0])
-                own = on == "self" or on.startswith("self.")   # the model's own layers, by name
-                if attr is None and not (own or (name in ("getattr", "hasattr")
-                                                 and _canonical(on, module_alias) in _NAMED_LOOKUPS)):
+                if attr is None and _dotted(node.args[0]) != "self":
                     # A computed attribute name hides what is accessed (e.g. "gi_" + "frame" to walk frames);
-                    # the model's own layers by name, or an activation from torch.nn.functional, are
-                    # ordinary PyTorch.
+                    # the model's own layers set and looked up by name are ordinary PyTorch. On anything
+                    # else, even torch.nn.functional or an attribute of self, it reaches modules, frames and
+                    # __builtins__ (twenty-first red team).
                     out.append(("introspection", node.lineno, f"{name} with a computed attribute name"))
                 elif attr is not None and attr in _ATTR_RULES:   # the rules below, spelt as a string
                     out.append((_ATTR_RULES[attr], node.lineno, f"{name}(..., {attr!r})"))
@@ -197,8 +198,17 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
             if _dotted(node) == "sys.modules" or (node.attr == "__dict__"
                                                   and _dotted(node.value).split(".")[0] in module_alias):
                 out.append(("introspection", node.lineno, _dotted(node)))
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.For, ast.AsyncFor,
+                             ast.With, ast.AsyncWith, ast.NamedExpr, ast.comprehension)):
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
+            else:
+                targets = [node.target]
+            while any(isinstance(t, (ast.Tuple, ast.List, ast.Starred)) for t in targets):   # a, b = ...
+                targets = [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else
+                                                         [t.value] if isinstance(t, ast.Starred) else [t])]
             for t in targets:
                 base = t.value if isinstance(t, ast.Subscript) else t
                 dotted = _dotted(base)

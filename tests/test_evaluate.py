@@ -287,19 +287,23 @@ def test_screen_more_patterns():
              "import os\nos.environ.setdefault('LD_PRELOAD', 'x')", "import os\nos.environ.__setitem__('X', '1')",
              "import os\ndel os.environ['OMP_NUM_THREADS']", "import os\nos.environ[key] = '1'",
              "torch.backends.cuda.matmul.allow_tf32 = True", "import sys\nsetattr(sys, name, None)",
-             'cpp = "std::thread t(work);"', 'cpp = "#pragma omp task\\nwork();"', "torch.backends.cudnn.allow_tf32 = x"]
+             'cpp = "std::thread t(work);"', 'cpp = "#pragma omp task\\nwork();"', "torch.backends.cudnn.allow_tf32 = x",
+             # computed names anywhere but on self reach modules, frames and __builtins__ (twenty-first red team)
+             "self.s = getattr(torch, 'sy' + 's')", "f = getattr(self.s, '_get' + 'frame')(1)",
+             "import torch.nn.functional as F\nb = getattr(F, '__buil' + 'tins__')",
+             "torch.backends.cuda.matmul.allow_tf32, _ = True, 0",
+             "for torch.backends.cudnn.allow_tf32 in (True,):\n    pass", "torch.set_float32_matmul_precision('medium')"]
     for c in cases:
         assert ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n").status == "rejected", c
 
 
 def test_screen_accepts_common_honest_spellings():
-    """Found refused by the screen in a sweep of honest candidates: layers registered and looked up by
-    computed names, an activation from torch.nn.functional by name, cuDNN's autotuner, a few environment
-    variables an extension build or a thread count reads."""
-    cases = ["for i in range(3):\n    setattr(self, f'act{i}', torch.nn.ReLU())",
-             "y = getattr(self.acts, self.first)(x)", "import torch.nn.functional as F\ny = getattr(F, self.act)(x)",
+    """Found refused by the screen in a sweep of honest candidates: layers registered and looked up on the
+    model by computed names, cuDNN's autotuner, a few environment variables an extension build or a thread
+    count reads, full-precision settings."""
+    cases = ["for i in range(3):\n    setattr(self, f'act{i}', torch.nn.ReLU())", "y = getattr(self, self.first)(x)",
              "torch.backends.cudnn.benchmark = True", "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'",
-             "import os\nos.environ.setdefault('OMP_NUM_THREADS', '1')", "y = getattr(torch, self.dtype_name)",
+             "import os\nos.environ.setdefault('OMP_NUM_THREADS', '1')", "torch.set_float32_matmul_precision('highest')",
              "torch.backends.cuda.matmul.allow_tf32 = False",
              'cpp = "#include <thread>\\nint n = std::thread::hardware_concurrency();"',
              'cpp = "#pragma omp taskloop\\nfor (int i = 0; i < n; ++i) y[i] = x[i];"']

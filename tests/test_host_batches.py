@@ -66,7 +66,8 @@ def _sets(n: int, seed: int = 0) -> list[list]:
     for _ in range(n):
         a = torch.randn(5, 7, generator=g)
         out.append([a, a.t(), torch.randint(0, 9, (3,), generator=g), torch.randn(4, generator=g).to(torch.bfloat16),
-                    torch.tensor(True), 3, 0.5, (1, 2), [3, (4, 5)], {"dims": (0,)}, torch.float16])
+                    torch.tensor(True), 3, 0.5, (1, 2), [3, (4, 5)], {"dims": (0,)}, torch.float16,
+                    torch.Size([2, 3])])
     return out
 
 
