@@ -386,13 +386,21 @@ class Search:
 
     def write_best(self) -> None:
         """best.py for the checkpointed global best: written after each checkpoint (and on resume), so it
-        never shows a program of a round a stop left unfinished; its header gives the measured figures."""
+        never shows a program of a round a stop left unfinished; its header gives the measured figures.
+        The checkpoint carries the same text (best_py), for a stop that comes between the two on the last
+        round: resuming the finished run then only brings best.py up to date."""
+        text = self.best_text()
+        if text is not None:
+            self.rundir.write_best_text(text)
+
+    def best_text(self) -> str | None:
         gb = self.global_best
-        if gb is not None:
-            standing = self.ledger.standing(gb["program"]) if gb["program"] in self.ledger.figures else ""
-            header = report_md.best_header(self.task.name, hardware_name(self.device), self.s0, gb,
-                                           self._metric_text(gb["program"]), standing)
-            self.rundir.save_best(gb, self.task.name, self.s0, hardware_name(self.device), header=header)
+        if gb is None:
+            return None
+        standing = self.ledger.standing(gb["program"]) if gb["program"] in self.ledger.figures else ""
+        header = report_md.best_header(self.task.name, hardware_name(self.device), self.s0, gb,
+                                       self._metric_text(gb["program"]), standing)
+        return self.rundir.best_text(gb, self.task.name, self.s0, hardware_name(self.device), header=header)
 
     # -- rounds, checkpoints --------------------------------------------------------------------
 
@@ -462,7 +470,7 @@ class Search:
                 "models": self.llm_main.state() if hasattr(self.llm_main, "credit") else None}
 
     def checkpoint(self) -> None:
-        self.rundir.save_checkpoint(self.state())
+        self.rundir.save_checkpoint(dict(self.state(), best_py=self.best_text()))
         self.write_best()
 
     def wall_seconds(self) -> float:

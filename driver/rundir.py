@@ -290,8 +290,8 @@ class RunDir:
     def store_eval(self, key: str, result: dict) -> None:
         write_atomic(self.evals / f"{key}.json", json.dumps(result, indent=1))
 
-    def save_best(self, best: dict, task_name: str, s0: float, hardware: str, header: str | None = None) -> None:
-        """best.py: the program of `best` (the search's global best) with a header saying what it is
+    def best_text(self, best: dict, task_name: str, s0: float, hardware: str, header: str | None = None) -> str:
+        """best.py's text: the program of `best` (the search's global best) with a header saying what it is
         (`header`: the caller's, e.g. run.py's with the measured figures)."""
         score, pid = best["runtime_ms"], best["program"]
         slower = ("\n# SLOWER than the reference: no correct candidate has beaten it yet; this is the "
@@ -299,10 +299,15 @@ class RunDir:
         header = header or (f"# pacevolve best for task {task_name}: {score:.4g} ms, {s0 / score:.3f}x the PyTorch "
                             f"reference ({s0:.4g} ms) on {hardware}{slower}\n# island {best['island']}, generation "
                             f"{best['generation']}, program {pid}\n")
-        text = header + self.program(pid)
+        return header + self.program(pid)
+
+    def write_best_text(self, text: str) -> bool:
+        """best.py as `text`; False where it already was."""
         path = self.path / "best.py"
-        if not path.exists() or path.read_text() != text:
-            write_atomic(path, text)
+        if path.exists() and path.read_text() == text:
+            return False
+        write_atomic(path, text)
+        return True
 
 
 # File systems that hold no files of ours: the kernel's views and device nodes

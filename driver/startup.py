@@ -146,7 +146,10 @@ def _which_run(cfg: Config, given: set[str]):
         task, note = rd.saved_task(config)
         state = rd.load_checkpoint(warn=lambda line: print(line, file=sys.stderr))
         finished = nothing_to_add(state, cfg, rd.path)
-        if finished:   # nothing measured, probed or written
+        if finished:   # nothing measured or probed; best.py, if a stop came between it and the checkpoint
+            if state.get("best_py") and rd.write_best_text(state["best_py"]):
+                finished = finished.replace("nothing was changed", "best.py was brought up to date with the "
+                                            "last checkpoint (a stop had come between them), nothing else changed")
             raise Finished(finished)
         if note:
             print(f"run.py: note: {note}", file=sys.stderr)

@@ -188,6 +188,14 @@ def test_twenty_interruptions_never_change_a_verdict(warm, tmp_path):
             f"run.py: {target} is finished: {generations} of {generations} generations done, nothing to add; "
             f"nothing was changed (to go on: python run.py --resume {target} --generations N, N > {generations})")
         assert _tree(target) == before
+        # a stop between the last checkpoint and its best.py (the old best left): resuming the finished run
+        # brings best.py up to date from the checkpoint, and changes nothing else
+        (target / "best.py").write_text("# an older best\n")
+        code, out, err = _fork_run(["--resume", target], None, tmp_path / "stale-best")
+        assert code == 0 and err == "" and "best.py was brought up to date with the last checkpoint" in out, out
+        assert (target / "best.py").read_text() == (tmp_path / "whole" / "best.py").read_text()
+        assert {k: v for k, v in _tree(target).items() if k != "best.py"} == \
+            {k: v for k, v in before.items() if k != "best.py"}
     assert fired == 20
 
 
