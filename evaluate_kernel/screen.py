@@ -122,9 +122,10 @@ def _dotted(node: ast.AST) -> str:
 
 
 def _canonical(dotted: str, module_alias: dict[str, str]) -> str:
-    """A dotted name with its import alias spelt out (F.relu -> torch.nn.functional.relu)."""
+    """A dotted name with its import alias spelt out (T.backends.cudnn.benchmark, after `import torch as
+    T` -> torch.backends.cudnn.benchmark)."""
     root, _, rest = dotted.partition(".")
-    full = {"F": "torch.nn.functional", "nn": "torch.nn"}.get(root) or module_alias.get(root, root)
+    full = module_alias.get(root, root)
     return f"{full}.{rest}" if rest else full
 
 
