@@ -328,9 +328,9 @@ class Options:
     max_pairs: int = 40  # ... and at most this many
     target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: 0.5% on a
     # GPU, 2% on the CPU) ...
-    timing_s: float | None = None  # ... or after this long (None: 10 s on a GPU, 2 s on the CPU, where a
-    # loaded machine may never reach 2% and every candidate of a search would pay the whole budget; with
-    # nothing but calls in a CPU batch, 2 s gives about +-2% on conv_groupnorm_small)
+    timing_s: float | None = None  # ... or after this long, once min_pairs count (None: 10 s on a GPU, 2 s on
+    # the CPU, where a loaded machine may never reach 2% and every candidate of a search would pay the whole
+    # budget; with nothing but calls in a CPU batch, 2 s gives about +-2% on conv_groupnorm_small)
     verify_per_batch: int = 2  # calls per candidate batch whose outputs are checked (chosen after its digests or
     # its stopped memory): a shortcut that holds for half the input distributions escapes a batch 1 time in 4
     max_threads: int = 64  # threads a runner may hold while it is stopped for the reference (each can

@@ -24,7 +24,10 @@ before any worker code runs (a worker never runs with less protection than the E
   namespace of its own (no SysV or POSIX message queue or segment outlives it) and a network namespace
   whose loopback is down and cannot be brought up: no socket reaches anything, not even this machine (a
   thousand loopback TCP connections with a pacing rate keep a kernel timer each firing on the runner's
-  core while it is stopped and the reference is timed there: 1.8x over the twin on a small CPU softmax).
+  core while it is stopped and the reference is timed there: 1.8x over the twin on a small CPU softmax);
+* the machine's online CPUs, as glibc counts them (std::thread::hardware_concurrency, sysconf, ninja,
+  os.cpu_count), are the cores the worker was given (`show_cpus`): an honest OpenMP kernel sized by
+  hardware_concurrency() otherwise ran two spinning threads on the runner's one core, 7x slower.
 """
 from __future__ import annotations
 
@@ -110,6 +113,8 @@ def enter(spec: dict) -> None:
     for d in spec["hidden"]:
         _mount("pacevolve-hidden", d, "tmpfs", _MS_RDONLY, "size=4k,mode=0500")
     _fresh_dev()
+    _own_cpu_list()
+    keep.add(CPU_LIST)
     for d in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"):
         if os.path.exists(d):
             _mount(d, d, None, _MS_BIND)
@@ -120,6 +125,18 @@ def enter(spec: dict) -> None:
         _read_only(mp)
     confine.refuse_namespace_calls()
     _drop_capabilities()
+
+
+def show_cpus(cpus: list[int]) -> None:
+    """(Worker, before any candidate code) the namespace's list of online CPUs becomes `cpus`, so that what
+    counts the machine's cores counts the worker's. Does nothing outside a namespace of ours."""
+    if CPU_LIST not in _mount_points():
+        return
+    try:
+        with open(CPU_LIST, "w") as f:
+            f.write(",".join(str(c) for c in sorted(cpus)) + "\n")
+    except OSError:
+        pass
 
 
 def namespace_problem() -> str:
@@ -155,6 +172,7 @@ _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 # that dropped nosuid, nodev or noexec would loosen the mount it means to tighten).
 _KEPT_FLAGS = [(os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC),
                (os.ST_NOATIME, _MS_NOATIME), (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME)]
+CPU_LIST = "/sys/devices/system/cpu/online"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _CAP_VERSION_3 = 0x20080522
@@ -215,6 +233,19 @@ def _fresh_dev() -> None:
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, "/dev/" + name)
     _mount(None, "/dev", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
+
+
+def _own_cpu_list() -> None:
+    """A writable copy of the online-CPU list over the machine's (in /dev/shm, the namespace's own), which
+    show_cpus fills in once the worker knows its cores."""
+    if not os.path.exists(CPU_LIST):
+        return
+    with open(CPU_LIST) as f:
+        text = f.read()
+    copy = "/dev/shm/.pacevolve-cpus-online"
+    with open(copy, "w") as f:
+        f.write(text)
+    _mount(copy, CPU_LIST, None, _MS_BIND)
 
 
 def _mount_points() -> list[str]:

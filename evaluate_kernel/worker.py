@@ -20,6 +20,7 @@ from .build import _exec_source, _install_build_defaults
 from . import tensorfile
 from .common import _flat, compare_outputs, open_lock
 from .confine import confine, pin_threads
+from .namespace import show_cpus
 from . import vmm
 from .host_batches import Arena, GpuArena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
@@ -63,6 +64,8 @@ def main() -> None:
         job.pop("nonce", None)
     os.environ.update(job.get("env", {}))  # build dir and arch list of this candidate
     role = job["role"]
+    if job.get("cpus") and role in ("build", "run"):
+        show_cpus(job["cpus"])   # what counts the machine's cores (ninja, OpenMP sized by it) counts these
     if role == "build":
         if job.get("cpus"):
             pin_threads(job["cpus"])  # also inherited by the compilers the build starts

@@ -185,6 +185,18 @@ def test_infinite_loop_is_timeout(tmp_path):
         assert e.evaluate(HONEST).status == "ok"  # the evaluator survives
 
 
+def test_the_time_budget_never_stops_the_timing_at_a_single_pair(tmp_path):
+    """A budget spent before the interval means anything (a slow task) is overrun up to min_pairs counted
+    pairs: one pair's interval is a point, and its noise would be a best-of-n search's profit."""
+    with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), min_pairs=3, max_pairs=10,
+                      timing_s=0.001) as e:
+        r = e.evaluate(HONEST)
+        assert r.status == "ok", r.message
+        assert 3 <= r.details["timing"]["pairs"] < 10, r.details["timing"]["pairs"]
+        low, high = r.details["speedup_ci"]
+        assert low < high
+
+
 def test_input_modification_is_rejected(ev):
     body = HONEST_BODY.replace("        return ", "        out = ") + "\n        x.zero_()\n        return out"
     r = ev.evaluate(variant(body))

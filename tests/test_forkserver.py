@@ -71,7 +71,8 @@ seen = {"env": "PACEVOLVE_LEFT_BEHIND" in os.environ, "module": "pacevolve_left_
         "thread": any(t.name == "pacevolve-left-behind" for t in threading.enumerate()),
         "shm": os.path.exists("/dev/shm/pacevolve-left-behind"),
         "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/proc/self/fd/{fd}")],
-        "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "dev": sorted(os.listdir("/dev"))}
+        "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "dev": sorted(os.listdir("/dev")),
+        "cores": [os.cpu_count(), len(os.sched_getaffinity(0))]}
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 seen["sysv"] = libc.msgget(0x7ED8, 0) != -1
@@ -111,7 +112,8 @@ def ev(tmp_path_factory):
 def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
     """Environment, modules, a signal handler, a thread, a file in /dev/shm or /dev, an open descriptor, a
     SysV message queue and a key in the user's keyring, left (or tried) by one candidate in its builder and
-    runner, are absent from the next candidate's builder and runner, which have sessions of their own."""
+    runner, are absent from the next candidate's builder and runner, which have sessions of their own and
+    count as the machine's cores the ones they were given."""
     # Wherever namespaces work, with one CPU thread, on a CPU build of torch and on a CUDA build alike
     # (whose cpp_extension starts the driver at import: the server leaves that import to its workers).
     assert ev.fork_server == "on", ev.fork_server
@@ -132,6 +134,8 @@ def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
                                  "stderr"} | {n for n in s["dev"] if n.startswith("nvidia")}, s["dev"]
         assert "/dev/null" not in s["fds"] and not [f for f in s["fds"] if f.startswith("socket:")], s["fds"]
         assert s["pid"] < 100, s   # the first processes of a namespace of their own
+        # the machine's core count, as glibc reads it (hardware_concurrency, ninja), is the worker's own
+        assert s["cores"][0] == s["cores"][1], s
 
 
 @needs_namespace
