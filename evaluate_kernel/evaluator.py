@@ -152,8 +152,14 @@ class Evaluator:
         for dev in self.devices:   # the reference is timed in a runner of its own (host_batches.py)
             if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()
-        if self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
-            if device == "cuda" and not self.pinned and self._pch_ready is not None:
+        if self.opts.eager_baseline and device == "cuda" and self.pinned:
+            # Measured meanwhile, while the first candidates build: a builder holds cores of its own and no
+            # GPU, as it does while any candidate is timed (the baseline sizes the batches and measures
+            # their fixed cost; a candidate's speedup comes from the reference's batches beside its own).
+            for dev in self.devices:
+                dev.baseline_started = self.helpers.submit(self._baseline, dev)
+        elif self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
+            if device == "cuda" and self._pch_ready is not None:
                 self._pch_ready.result()   # nor our header's build, on cores the runners share
             for dev in self.devices:
                 self._baseline(dev)
@@ -175,7 +181,10 @@ class Evaluator:
             return self._checked(res)
         dev = self._pick(None)
         try:
+            t_base = time.monotonic()
             baseline = self._baseline(dev)
+            if time.monotonic() - t_base > 0.01:   # the first candidates: the baseline still being measured
+                details["baseline_wait_s"] = round(time.monotonic() - t_base, 3)
             tampered, ref_deaths = self._tamper_events, dev.ref_deaths
             try:
                 result = evaluation.Evaluation(self, dev, candidate_src, h, details).run()
@@ -368,12 +377,13 @@ class Evaluator:
         return "ready" if proc.returncode == 0 else "failed: " + proc.stderr.strip()[-300:]
 
     def _spawn_builder(self) -> Worker:
-        # Builds never see a GPU: candidate module-level code cannot disturb a timing in progress.
+        # Builds never see a GPU (no device node in their namespace; the variable is for a builder without
+        # one): candidate module-level code cannot disturb a timing in progress.
         return self.spawn_warm(self.env(CUDA_VISIBLE_DEVICES=""),
-                                os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"))
+                                os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False)
 
     def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False, forked_ref: bool = False,
-                   fd_channel: bool = False) -> Worker:
+                   fd_channel: bool = False, gpu: bool = True) -> Worker:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
         (builders and runners: they run candidate code) start in the namespace when there is one. Every
         worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
@@ -383,9 +393,14 @@ class Evaluator:
         # GPU runner's region comes later, on its fd_channel: Device.give_region.)
         arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
         return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
-                      namespace=self._namespace if warm else None, cpus=self.other_cpus if warm else None,
+                      namespace=self._worker_namespace(gpu) if warm else None, cpus=self.other_cpus if warm else None,
                       dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None,
                       fd_channel=fd_channel)
+
+    def _worker_namespace(self, gpu: bool) -> Namespace | None:
+        if self._namespace is None:
+            return None
+        return dataclasses.replace(self._namespace, gpu=gpu and self.device == "cuda")
 
     def _start_fork_server(self) -> None:
         """(On the spawner thread, first of all.) The fork server, or why there is none (workers then
@@ -421,11 +436,12 @@ class Evaluator:
         except RuntimeError:  # the spawner is shut down: closing
             return self.new_worker(env, log_path, fd_channel=fd_channel)
 
-    def spawn_warm(self, env: dict[str, str], log_path: str, fd_channel: bool = False) -> Worker:
+    def spawn_warm(self, env: dict[str, str], log_path: str, fd_channel: bool = False, gpu: bool = True) -> Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the
-        thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived."""
+        thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived.
+        gpu: the GPU's device nodes in its namespace (runners on a GPU only)."""
         def start() -> Worker:
-            w = self.new_worker(env, log_path, warm=True, fd_channel=fd_channel)
+            w = self.new_worker(env, log_path, warm=True, fd_channel=fd_channel, gpu=gpu)
             if self.other_cpus:
                 try:
                     os.sched_setaffinity(w.proc.pid, self.other_cpus)

@@ -10,7 +10,8 @@ before any worker code runs (a worker never runs with less protection than the E
   namespace's own (a fresh tmpfs) and the namespace's own /proc, where the kernel's knobs (/proc/sys,
   sysrq-trigger, irq, bus, fs) are read-only too: a root process could otherwise write /etc/ld.so.preload,
   a git hook, a sysctl; /dev is the namespace's own too, holding only null, zero, full, random, urandom
-  and the GPU's nodes;
+  and, for a runner on a GPU, the GPU's nodes (a builder's environment hides the GPU, but its candidate
+  code could change that variable before CUDA starts, and use the GPU while another candidate is timed);
 * the `hidden` directories (the build-marker key's) are covered by an empty read-only tmpfs, last, so
   they stay hidden inside a read-only or writable one;
 * no capability is left, and the bounding set is empty: the candidate is root without privileges, so it
@@ -57,6 +58,7 @@ class Namespace:
     read_only: list[str]
     writable: list[str]
     hidden: list[str] = field(default_factory=list)
+    gpu: bool = True   # the GPU's device nodes in its /dev (a builder's has none)
 
     def spec(self) -> dict:
         """What enter() needs, as plain data (it travels as JSON to the namespace's first process)."""
@@ -64,7 +66,8 @@ class Namespace:
         for d in hidden:  # made if gone: a key created there later must not be visible to this worker
             os.makedirs(d, mode=0o700, exist_ok=True)
         return {"writable": [d for d in self.writable if os.path.isdir(d)],
-                "read_only": [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)], "hidden": hidden}
+                "read_only": [d for d in dict.fromkeys(self.read_only) if os.path.isdir(d)], "hidden": hidden,
+                "gpu": self.gpu}
 
     def wrap(self, argv: list[str], code_dir: str | None = None) -> list[str]:
         """argv, run as the first process of fresh namespaces under this policy. --kill-child: if unshare
@@ -112,7 +115,7 @@ def enter(spec: dict) -> None:
         _read_only(d)
     for d in spec["hidden"]:
         _mount("pacevolve-hidden", d, "tmpfs", _MS_RDONLY, "size=4k,mode=0500")
-    _fresh_dev()
+    _fresh_dev(spec.get("gpu", True))
     _own_cpu_list()
     keep.add(CPU_LIST)
     for d in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"):
@@ -209,14 +212,14 @@ def _read_only(path: str) -> None:
     _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
 
 
-def _fresh_dev() -> None:
-    """/dev of the namespace's own, read-only: the host's null, zero, full, random, urandom and GPU nodes
-    (nvidia*) bound in, a fresh tmpfs for /dev/shm, and the fd links. Nothing else of the host's /dev: a
+def _fresh_dev(gpu: bool) -> None:
+    """/dev of the namespace's own, read-only: the host's null, zero, full, random, urandom and (gpu) GPU
+    nodes (nvidia*) bound in, a fresh tmpfs for /dev/shm, and the fd links. Nothing else of the host's /dev: a
     root candidate could make or unlink files there (a channel to the next candidate, or /dev/null gone
     for every later process) and open root-only nodes (/dev/kvm: a virtual CPU's timers need no timer
     call; /dev/kmsg, /dev/cpu_dma_latency)."""
     names = [n for n in _DEV_NODES if os.path.exists("/dev/" + n)] + sorted(
-        n for n in os.listdir("/dev") if n.startswith("nvidia"))
+        n for n in os.listdir("/dev") if gpu and n.startswith("nvidia"))
     held = {n: os.open("/dev/" + n, os.O_PATH | os.O_NOFOLLOW) for n in names}
     _mount("pacevolve-dev", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
     for name, fd in held.items():

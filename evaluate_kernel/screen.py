@@ -2,7 +2,10 @@
 
 A fast first filter with a clear message (the broken rule, its reason and the line). No verdict depends
 on it alone: every class of cheat it names is also stopped at run time by a check outside the candidate's
-process (evaluate_kernel.py's docstring lists them). Rules are data, so messages and docs come from one place.
+process (the package's front file lists them), and it is easy to get past on purpose: `builtins.exec` of
+a built string, and in native code a name split by concatenation or a macro, or a driver context of the
+candidate's own (its streams are none the screen names). Rules are data, so messages and docs come from
+one place.
 """
 from __future__ import annotations
 

@@ -269,16 +269,18 @@ def main() -> int:
     add("fork server", ev.fork_server)
     try:
         if not args.only_throughput:
+            # The first candidate at once, as a search submits it: where the Evaluator measures its baseline
+            # in the background, the build overlaps it.
+            cold, cold_wall = timed_evaluate(ev, src)
+            first_s = time.perf_counter() - t_start
             base = ev.baseline_ms(0)
             info = ev.baseline_info(0)
-            add("Evaluator start (reference worker, spares, baseline)",
+            add("Evaluator start (constructor)",
                 f"{started_s:.1f} s; reference {base:.3f} ms per call; self-check (the reference timed as a "
                 f"candidate) {info.get('self_check', float('nan')):.4f}x")
-
-            cold, cold_wall = timed_evaluate(ev, src)
             add("cold evaluation (fresh cache)", f"{cold_wall:.1f} s wall ({split(cold, cache)}); status {cold.status}, "
                                                  f"{cold.runtime_ms} ms, speedup {cold.speedup}")
-            add("first verdict of a fresh Evaluator", f"{started_s + cold_wall:.1f} s (target <= 15 s)")
+            add("first verdict of a fresh Evaluator", f"{first_s:.1f} s from the constructor's call (target <= 15 s)")
             # The first build on a machine also builds torch's precompiled header; later new sources show
             # what every other candidate costs.
             fresh_walls = []

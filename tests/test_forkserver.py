@@ -72,7 +72,8 @@ seen = {"env": "PACEVOLVE_LEFT_BEHIND" in os.environ, "module": "pacevolve_left_
         "shm": os.path.exists("/dev/shm/pacevolve-left-behind"),
         "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in range(256) if os.path.exists(f"/proc/self/fd/{fd}")],
         "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "dev": sorted(os.listdir("/dev")),
-        "cores": [os.cpu_count(), len(os.sched_getaffinity(0))]}
+        "cores": [os.cpu_count(), len(os.sched_getaffinity(0))],
+        "builder": os.environ.get("CUDA_VISIBLE_DEVICES") == ""}
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 seen["sysv"] = libc.msgget(0x7ED8, 0) != -1
@@ -136,6 +137,8 @@ def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
         assert s["pid"] < 100, s   # the first processes of a namespace of their own
         # the machine's core count, as glibc reads it (hardware_concurrency, ninja), is the worker's own
         assert s["cores"][0] == s["cores"][1], s
+        if s["builder"]:   # no GPU, whatever its candidate code does with the environment
+            assert not [n for n in s["dev"] if n.startswith("nvidia")], s["dev"]
 
 
 @needs_namespace
