@@ -32,7 +32,6 @@ class Device:
         self.lock = threading.Lock()
         self.pending = 0
         self.baseline: dict | None = None
-        self.baseline_started = None   # the baseline measured in the background, when the Evaluator does
         self.ev = ev
         self.physical = physical_gpu(index)
         self.ref: Worker | None = None

@@ -152,14 +152,10 @@ class Evaluator:
         for dev in self.devices:   # the reference is timed in a runner of its own (host_batches.py)
             if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()
-        if self.opts.eager_baseline and device == "cuda" and self.pinned:
-            # Measured meanwhile, while the first candidates build: a builder holds cores of its own and no
-            # GPU, as it does while any candidate is timed (the baseline sizes the batches and measures
-            # their fixed cost; a candidate's speedup comes from the reference's batches beside its own).
-            for dev in self.devices:
-                dev.baseline_started = self.helpers.submit(self._baseline, dev)
-        elif self.opts.eager_baseline:  # before any candidate exists: nothing it started can slow the baseline
-            if device == "cuda" and self._pch_ready is not None:
+        # Before any candidate exists: nothing it started can slow the baseline. (Measured in the background
+        # while the first candidate built, the first verdict came later, not sooner: DESIGN.md.)
+        if self.opts.eager_baseline:
+            if device == "cuda" and not self.pinned and self._pch_ready is not None:
                 self._pch_ready.result()   # nor our header's build, on cores the runners share
             for dev in self.devices:
                 self._baseline(dev)
@@ -181,10 +177,7 @@ class Evaluator:
             return self._checked(res)
         dev = self._pick(None)
         try:
-            t_base = time.monotonic()
             baseline = self._baseline(dev)
-            if time.monotonic() - t_base > 0.01:   # the first candidates: the baseline still being measured
-                details["baseline_wait_s"] = round(time.monotonic() - t_base, 3)
             tampered, ref_deaths = self._tamper_events, dev.ref_deaths
             try:
                 result = evaluation.Evaluation(self, dev, candidate_src, h, details).run()

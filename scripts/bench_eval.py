@@ -269,13 +269,12 @@ def main() -> int:
     add("fork server", ev.fork_server)
     try:
         if not args.only_throughput:
-            # The first candidate at once, as a search submits it: where the Evaluator measures its baseline
-            # in the background, the build overlaps it.
+            # The first candidate at once, as a search submits it.
             cold, cold_wall = timed_evaluate(ev, src)
             first_s = time.perf_counter() - t_start
             base = ev.baseline_ms(0)
             info = ev.baseline_info(0)
-            add("Evaluator start (constructor)",
+            add("Evaluator start (reference worker, spares, baseline)",
                 f"{started_s:.1f} s; reference {base:.3f} ms per call; self-check (the reference timed as a "
                 f"candidate) {info.get('self_check', float('nan')):.4f}x")
             add("cold evaluation (fresh cache)", f"{cold_wall:.1f} s wall ({split(cold, cache)}); status {cold.status}, "
