@@ -36,7 +36,7 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
 - The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference
   runs (one whose thread holds off the stop for a second, inside a system call, is rejected), and on a
   GPU the device must be idle (the wait is charged to the candidate) first.
-- The runner stays on the cores it was given at its priority, without io_uring (a seccomp filter installed
+- The runner stays on the cores it was given at its priority, without io_uring or AIO (a seccomp filter installed
   before any candidate code: confine.py); on the CPU it may not start processes, on a GPU those it starts
   are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's
   time lags by up to a scheduler tick). It may hold no timers and at most 64 threads, and it has no

@@ -7,8 +7,9 @@ before any candidate code runs in a runner, confine() pins every thread to the r
 a seccomp filter, inherited by every thread and process the candidate starts later, under which
 sched_setaffinity, sched_setscheduler, sched_setparam, sched_setattr and setpriority fail with EPERM, so
 do the io_uring calls (the kernel threads that serve a ring take any core and keep working after the
-runner is stopped), so do name_to_handle_at and open_by_handle_at (a file reached by its handle lies past
-the namespace's read-only mounts), and so does every system call made through another ABI (32-bit or
+runner is stopped) and Linux AIO's io_setup and io_submit (reads queued before the stop complete after
+it, as interrupts on the core the reference is timed on next), so do name_to_handle_at and
+open_by_handle_at (a file reached by its handle lies past the namespace's read-only mounts), and so does every system call made through another ABI (32-bit or
 x32 entry points that a filter keyed on 64-bit numbers would not see). A filter cannot be removed once
 installed, and the candidate's code runs only after it is in place. So do alarm, setitimer, timer_create
 and timerfd_create: a timer goes on firing while the runner is stopped, as interrupts on the core the
@@ -32,17 +33,20 @@ import os
 import platform
 
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
-    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283),
+    "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283, 206, 209),
                (57, 58, 59, 322), 56, 435, 0x40000000),
-    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274, 425, 426, 427, 264, 265, 103, 107, 85), (221, 281), 220,
-                435, None),
+    "aarch64": (0xC00000B7, 277, (118, 119, 122, 140, 274, 425, 426, 427, 264, 265, 103, 107, 85, 0, 2), (221, 281),
+                220, 435, None),
 }
 # Always: sched_setparam, sched_setscheduler, sched_setaffinity, setpriority, sched_setattr; io_uring_setup,
 # _enter, _register (its kernel workers run on any core and go on after SIGSTOP); name_to_handle_at and
 # open_by_handle_at (an inode by its handle: past the namespace's read-only mounts; the namespace also
 # drops the capability they need); alarm, setitimer, timer_create, timerfd_create (timers keep firing
 # while the runner is stopped, as interrupts on the core the reference is timed on: on the CPU charged to
-# its CPU time, on a GPU delaying its launches; aarch64 has no alarm). On the CPU also fork, vfork,
+# its CPU time, on a GPU delaying its launches; aarch64 has no alarm); io_setup and io_submit (Linux AIO:
+# reads queued before the stop complete after it, as interrupts on the reference's core; this kernel
+# charges an interrupt to whatever runs there, and 100k 4 KB completions a second added 6% to a loop's
+# CPU time: twenty-second red team). On the CPU also fork, vfork,
 # execve, execveat (aarch64 has no fork or vfork).
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes

@@ -887,6 +887,9 @@ def test_confinement_blocks_scheduling_timers_and_on_the_cpu_processes():
             " tries(lambda: os.waitpid(os.posix_spawn('/bin/true', ['/bin/true'], {}), 0)))\n"
             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print(ctypes.get_errno() if libc.syscall(425, 4, ctypes.create_string_buffer(128)) < 0 else 'allowed')\n"
+            "import platform\nctx = ctypes.c_ulong(0)\n"
+            "IO_SETUP = {'x86_64': 206, 'aarch64': 0}[platform.machine()]\n"
+            "print(ctypes.get_errno() if libc.syscall(IO_SETUP, 8, ctypes.byref(ctx)) < 0 else 'allowed')\n"
             "h = ctypes.create_string_buffer(136); h[0] = 128; m = ctypes.c_int()\n"
             "print(ctypes.get_errno() if libc.name_to_handle_at(-100, b'/', h, ctypes.byref(m), 0) < 0 else 'allowed')\n"
             "import signal\n"
@@ -898,10 +901,11 @@ def test_confinement_blocks_scheduling_timers_and_on_the_cpu_processes():
         assert lines[0] == "''", out.stdout + out.stderr
         assert lines[1].split() == ["1", "1", spawn], lines
         assert lines[2] == "1", lines   # io_uring_setup: EPERM (its kernel workers would outlive a SIGSTOP)
-        assert lines[3] == "1", lines   # name_to_handle_at: EPERM (a handle reaches past read-only mounts)
+        assert lines[3] == "1", lines   # io_setup: EPERM (completions would land after the stop)
+        assert lines[4] == "1", lines   # name_to_handle_at: EPERM (a handle reaches past read-only mounts)
         # Timers, on either device: they fire on the reference's core while the runner is stopped (on the CPU
         # charged to the reference's CPU time, on a GPU delaying its launches).
-        assert lines[4].split() == ["1", "1"], lines
+        assert lines[5].split() == ["1", "1"], lines
 
 
 def test_baseline_info_reports_the_protocols_self_check():
