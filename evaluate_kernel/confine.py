@@ -9,8 +9,9 @@ sched_setaffinity, sched_setscheduler, sched_setparam, sched_setattr and setprio
 do the io_uring calls (the kernel threads that serve a ring take any core and keep working after the
 runner is stopped) and Linux AIO's io_setup and io_submit (reads queued before the stop complete after
 it, as interrupts on the core the reference is timed on next), so do name_to_handle_at and
-open_by_handle_at (a file reached by its handle lies past the namespace's read-only mounts), and so does every system call made through another ABI (32-bit or
-x32 entry points that a filter keyed on 64-bit numbers would not see). A filter cannot be removed once
+open_by_handle_at (a file reached by its handle lies past the namespace's read-only mounts), and so does
+every system call made through another ABI (32-bit or x32 entry points that a filter keyed on 64-bit
+numbers would not see). A filter cannot be removed once
 installed, and the candidate's code runs only after it is in place. So do alarm, setitimer, timer_create
 and timerfd_create: a timer goes on firing while the runner is stopped, as interrupts on the core the
 reference is timed on next (on the CPU their cost is the reference's CPU time; on a GPU they delay its

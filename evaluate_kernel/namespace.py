@@ -214,9 +214,9 @@ def _read_only(path: str) -> None:
 
 def _fresh_dev(gpu: bool) -> None:
     """/dev of the namespace's own, read-only: the host's null, zero, full, random, urandom and (gpu) GPU
-    nodes (nvidia*) bound in, a fresh tmpfs for /dev/shm, and the fd links. Nothing else of the host's /dev: a
-    root candidate could make or unlink files there (a channel to the next candidate, or /dev/null gone
-    for every later process) and open root-only nodes (/dev/kvm: a virtual CPU's timers need no timer
+    nodes (nvidia*) bound in, a fresh tmpfs for /dev/shm, and the fd links. Nothing else of the host's
+    /dev: a root candidate could make or unlink files there (a channel to the next candidate, or /dev/null
+    gone for every later process) and open root-only nodes (/dev/kvm: a virtual CPU's timers need no timer
     call; /dev/kmsg, /dev/cpu_dma_latency)."""
     names = [n for n in _DEV_NODES if os.path.exists("/dev/" + n)] + sorted(
         n for n in os.listdir("/dev") if gpu and n.startswith("nvidia"))
