@@ -188,10 +188,7 @@ class Evaluation(Timing):
                               f"it was timed (at most {self.opts.max_threads}: each can leave a timer that fires "
                               "on the reference's core while it is timed)", details=self.details)
         if not stop(main, signal_sent=True):   # the reference must not run beside any thread of it
-            states = "".join(sorted(running_states(main))) or "?"
-            return EvalResult("rejected", message=f"rejected: a thread of the candidate's process did not stop "
-                              f"within 1 s of SIGSTOP (state {states}: inside a system call that holds off the "
-                              "stop), so it would have run while the reference was timed", details=self.details)
+            return verdict.not_stopped(self.details, running_states(main))
         return None
 
     def _thaw(self) -> None:

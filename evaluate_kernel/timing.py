@@ -29,8 +29,8 @@ import time
 from . import clock, readout
 from .common import EvalResult, _remove
 from .protocol import Worker
-from .stopped import cpu_seconds, stop
-from .verdict import forged as _forged
+from .stopped import cpu_seconds, running_states, stop
+from .verdict import forged as _forged, not_stopped as _not_stopped
 
 IDLE_PROBES = 3   # fast probes in a row that say the GPU is idle (_drain)
 FIXED_PAIRS = 5   # pairs of the reference's batches (one call, a whole batch) that measure a batch's fixed cost
@@ -323,7 +323,10 @@ class Timing:
             bad = self._drain(b, "settle")
             if bad is not None:
                 return bad, None
-        msg = self._let_go(self.w, self.main, {"cmd": "go", "layout": reply["layout"]}, b)
+        try:
+            msg = self._let_go(self.w, self.main, {"cmd": "go", "layout": reply["layout"]}, b)
+        except _LateStop as e:
+            return _not_stopped(self.details, e.states), None
         if msg.get("kind") != "done":
             raise _Answered(msg)
         # (GPU) The drain starts the moment the runner has stopped, before anything else of ours takes time
@@ -375,6 +378,7 @@ class Timing:
         if gpu:
             self._arm(w)
             self._armed = b
+        stopped = True
         w.send(req)
         t = time.monotonic() if gpu else cpu_seconds(pid, stopped=True)
         os.kill(pid, signal.SIGCONT)
@@ -389,7 +393,7 @@ class Timing:
                 os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
                 pass
-            stop(pid, signal_sent=True)
+            stopped = stop(pid, signal_sent=True)
             if gpu:   # until every thread has stopped: one that holds off the stop (in vfork, its child
                 # waiting for the device) is still the step's, and so is what the device does meanwhile
                 self._stopped_at = time.monotonic()
@@ -398,6 +402,8 @@ class Timing:
                 self._frozen = True
         if not gpu:
             b.calls = cpu_seconds(pid, stopped=True) - t
+        if not stopped and w is self.w:   # its clock was read while a thread of it still ran
+            raise _LateStop(running_states(pid))
         return reply
 
     def _input_ranges(self, w: Worker, pid: int, layout: dict) -> list[tuple[int, int]]:
@@ -576,6 +582,14 @@ class _NoCollections:
             cls._holders -= 1
             if cls._holders == 0 and cls._was_enabled:
                 gc.enable()
+
+
+class _LateStop(Exception):
+    """A thread of the runner still ran a second after the stop that ended its step."""
+
+    def __init__(self, states: list[str]):
+        super().__init__(states)
+        self.states = states
 
 
 class _Answered(Exception):

@@ -48,6 +48,15 @@ def timing_details(timed: dict, device: str) -> dict:
     return out
 
 
+def not_stopped(details: dict, states: list[str]) -> EvalResult:
+    """A runner with a thread still running a second after SIGSTOP (inside a system call that holds off the
+    stop): what it does meanwhile lies outside the clock, and beside the reference."""
+    return EvalResult("rejected", message=f"rejected: a thread of the candidate's process did not stop within 1 s "
+                      f"of SIGSTOP (state {''.join(sorted(states)) or '?'}: inside a system call that holds off the "
+                      "stop), so it would have run outside its batch's time, or while the reference was timed",
+                      details=details)
+
+
 def forged(details: dict, what: str, honest_mistake: bool = False) -> EvalResult:
     """A runner's answer the evaluator refuses; honest_mistake: one an honest program can give (outputs
     reused across calls), said so without calling it forged."""

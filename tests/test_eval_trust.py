@@ -841,6 +841,37 @@ def test_a_candidate_whose_thread_holds_off_the_stop_is_rejected_before_the_refe
         proc.wait(timeout=5)
 
 
+def test_a_step_whose_thread_holds_off_the_stop_is_rejected(monkeypatch):
+    """The stop that ends a batch's step waits a second for every thread too: a thread still inside a system
+    call after that ran outside the step's clock (its CPU time read meanwhile), so the candidate is
+    rejected there, not only if it still runs at the next wait, a second later."""
+    from evaluate_kernel import clock, evaluation, timing
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        class W:
+            def send(self, req):
+                pass
+
+            def recv(self, timeout):
+                return {"kind": "done"}
+        w = W()
+        e = object.__new__(evaluation.Evaluation)
+        e.w, e._main, e.details, e.opts, e.deadline = w, proc.pid, {}, ek.Options(), time.monotonic() + 60
+        e.ev = type("Ev", (), {"device": "cpu"})()
+        monkeypatch.setattr(timing, "cpu_seconds", lambda pid, stopped=False: 0.0)
+        monkeypatch.setattr(timing, "running_states", lambda pid: ["D"])
+        monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: False)
+        with pytest.raises(timing._LateStop) as late:
+            e._let_go(w, proc.pid, {"cmd": "go"}, clock.Batch("cand", 1))
+        r = timing._not_stopped({}, late.value.states)
+        assert r.status == "rejected" and "did not stop" in r.message and "state D" in r.message
+        monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: True)
+        assert e._let_go(w, proc.pid, {"cmd": "go"}, clock.Batch("cand", 1)) == {"kind": "done"}
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
     """Linux brings a running thread's CPU time up to date only at scheduler events (a tick, 1-10 ms): read
     while it runs, a process shows up to a tick per running thread too little, and a runner that kept
