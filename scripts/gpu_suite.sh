@@ -46,7 +46,10 @@ for stage in $STAGES; do
       timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_small_calls.py > "$OUT/test_gpu_small_calls.log" 2>&1
       echo "== test_gpu_small_calls"; tail -15 "$OUT/test_gpu_small_calls.log"
       timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_build_marker.py > "$OUT/test_build_marker.log" 2>&1
-      echo "== test_build_marker (namespace with the hidden key)"; tail -5 "$OUT/test_build_marker.log" ;;
+      echo "== test_build_marker (namespace with the hidden key)"; tail -5 "$OUT/test_build_marker.log"
+      # A CPU test whose check of a builder's /dev (no GPU node) bites only where the GPU's nodes exist.
+      timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_forkserver.py > "$OUT/test_forkserver.log" 2>&1
+      echo "== test_forkserver (a builder's /dev on a GPU machine)"; tail -3 "$OUT/test_forkserver.log" ;;
     bench)
       timeout 560 python3 scripts/bench_eval.py --out "$OUT/bench_eval.md" --k 6 --budget-s 330 > "$OUT/bench.log" 2>&1
       tail -30 "$OUT/bench.log" ;;
