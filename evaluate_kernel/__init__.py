@@ -15,8 +15,9 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   perturbed weights (mapped to ModelNew's parameters by name, else by shape and values, else by shape and
   order), NaN-poisoned memory.
 - The runtime is this process's own clock: batches of back-to-back calls on fresh inputs drawn from a seed
-  chosen when the batch starts (each set through one of the trials' distributions), alternating with the
-  same batches of the reference (same harness code, same core, same minutes). The speedup is the median of paired ratios with a 95% interval
+  chosen when the batch starts (each set through one of the trials' distributions), alternating with
+  batches of the reference on some of the same sets, the checked calls' among them (same harness code,
+  same core, same minutes; each side's batch about batch_ms of its own calls). The speedup is the median of paired ratios with a 95% interval
   (details["speedup_ci"], details["noise"]).
 - On the CPU both sides are timed in runners (the reference in one of its own) that run nothing but the
   calls: the reference worker writes a batch's inputs into a shared-memory file the runner holds mapped,

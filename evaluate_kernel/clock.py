@@ -46,7 +46,8 @@ from the reference's batches of one call and of n (the baseline's run, timing.py
 off every batch of either side.
 
 Batches alternate r0 c0 r1 c1 ... c(k-1) rk; candidate batch i sits between reference batches i and i+1
-(the second one on the same inputs, so its kept outputs check the candidate's), so a machine that drifts
+(the second one on some of the same inputs, the checked calls' among them, so its kept outputs check the
+candidate's; each side's batch has a length of its own, n, about batch_ms of its calls), so a machine that drifts
 moves both sides of every pair alike. ratio(i) = mean(cost(r_i), cost(r_i+1)) / cost(c_i); the speedup
 is the median of the ratios, with a distribution-free 95% interval from their order statistics; the
 runtime and baseline are the medians of the per-call costs. Pair 0 is a warm-up and does not count.

@@ -15,7 +15,7 @@ go(): no drawing or digesting of its own that a leaner harness could shorten, an
 hide work in.
 
     fill(seed, n, target)   (reference worker; untimed, the runners stopped) draw n sets (or reuse the
-                            last seed's), write them into the target runner's memory
+                            last seed's), write them (or those picked) into the target runner's memory
     go(layout)              (a runner, timed) free the last batch, views, n calls, addresses
     check(...)              (reference worker) the candidate's outputs against the reference's, and its
                             inputs as written
@@ -163,10 +163,12 @@ class HostInputs:
         self.device, self.on_device = device, on_device   # None: the CPU
         self.drawn: tuple | None = None   # ((seed, n), layout, bytes) of the last draw
 
-    def fill(self, seed: int, n: int, target: str) -> dict:
+    def fill(self, seed: int, n: int, target: str, pick: list[int] | None = None) -> dict:
         """n input sets from the seed, written into the target's file. The parent asks for each side's
         file right before that side's batch, so both find their inputs equally fresh in the caches; the
-        sets of the last seed are kept for the second side."""
+        sets of the last seed are kept for the second side. With `pick`, only those of the n sets, in that
+        order (the reference's batch after the candidate's: its checked calls' sets among them); the
+        candidate's sets stay what its inputs are checked against."""
         import torch
 
         from .inputs import _draw_sets
@@ -182,6 +184,8 @@ class HostInputs:
                     sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device, mixed=True)
             self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values())))
         _, layout, block = self.drawn
+        if pick is not None:
+            layout, block = _picked(layout, block, pick)
         self.arenas[target].write(block, layout["base"])
         return layout
 
@@ -204,7 +208,7 @@ class HostInputs:
             if j not in got:
                 results.append({"ok": False, "reason": problem})
                 continue
-            result = compare_outputs(got[j], ref[j], rtol, atol, l2_tol)
+            result = compare_outputs(got[j], ref[item["ref_call"]], rtol, atol, l2_tol)
             if result["ok"] and not self._inputs_intact(j, *item["inputs"]):
                 result = {"ok": False, "reason": "the call changed its inputs (a timed call may not write into them)"}
             results.append(result)
@@ -287,6 +291,19 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
     layout = {"n": n, "set_bytes": set_bytes, "base": base,
               "items": [{k: v for k, v in it.items() if k != "nbytes"} for it in items]}
     return layout, block
+
+
+def _picked(layout: dict, block, pick: list[int]) -> tuple[dict, object]:
+    """Some of a packed batch's sets, in the given order, as a layout and bytes of their own (at the same
+    base: fewer sets fit wherever all of them did)."""
+    import torch
+    n, step = int(layout["n"]), int(layout["set_bytes"])
+    if not pick or any(not 0 <= j < n for j in pick):
+        raise ValueError(f"sets {pick} picked from a batch of {n}")
+    index = torch.tensor(pick, dtype=torch.long, device=block.device)
+    items = [dict(it, values=_encode([_decode(it["values"])[j] for j in pick])) if "values" in it else it
+             for it in layout["items"]]
+    return dict(layout, n=len(pick), items=items), block.view(n, step).index_select(0, index).reshape(-1)
 
 
 def _holds_tensor(v) -> bool:

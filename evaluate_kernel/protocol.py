@@ -44,8 +44,8 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 |        |     |                |                                          | sends it on the runner's fd channel      |
 | ref    | ->  | region_taken,  | id                                       | close our descriptor; the runner is gone |
 |        |     | free_region    |                                          | (unmap and release)                      |
-| ref    | ->  | cmd=fill       | seed, n, target                          | inputs into the runner's file or region, |
-| ref    | <-  | filled         | layout                                   | or the reference runner's                |
+| ref    | ->  | cmd=fill       | seed, n, target, pick (the sets to write | inputs into the runner's file or region, |
+| ref    | <-  | filled         | of the n, or null: all) / layout         | or the reference runner's                |
 | ref    | ->  | draw, go,      | as the runner's, draw also keep          | the reference's batch (kept: the calls   |
 |        |     | digest         |                                          | of the runner's batch to be checked)     |
 | ref    | ->  | cmd=check      | path, items, tolerances (GPU shared:     | outputs read (CPU), read here from both  |

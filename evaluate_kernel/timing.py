@@ -99,12 +99,14 @@ class Timing:
                 self.details["batch_fixed_ms"] = round(fixed * 1e3, 4)
             first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
             refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
+            n_ref = n   # (shared memory) the reference's batches keep their own length; a faster candidate's grow
             started, f = time.monotonic(), None
             for i in range(opts.max_pairs + 1):
                 seed = secrets.randbits(31)
                 t = time.monotonic()
                 if host:
                     c, values, seed, n = self._fitting_cand_batch(seed, n, ref_ms, fixed)
+                    n_ref = min(n_ref, n)   # cut for memory: both sides from then on
                 else:
                     c, values = self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
@@ -112,10 +114,13 @@ class Timing:
                 if not host:   # on the CPU the phases are CPU seconds, not the wall's
                     self._spent("candidate batch", t, sum(getattr(c, p) for p in clock.PHASES))
                 cands.append(c)
-                if i == 0:   # a candidate faster than the reference gets longer batches (never shorter ones:
-                    # a warm-up made slow on purpose would shrink them until fixed costs rival the calls)
-                    # (by its calls alone, its own phases its usual: one slow drain in a batch sized every
-                    # batch of the evaluation)
+                # A candidate faster than the reference gets longer batches after its first (its reference keeps
+                # its own length with shared memory). Never shorter ones: a warm-up made slow on purpose would
+                # shrink them until fixed costs rival the calls. (By its calls alone, its own phases its usual:
+                # one slow drain in a batch sized every batch of the evaluation.) Only once: the first batch of
+                # a new length pays for its new memory (on the CPU a batch sized again after its third read 2x
+                # its neighbours), and each such batch counts.
+                if i == 0:
                     own = clock.typical([c])
                     n_next = max(n, clock.calls_per_batch(ref_ms, clock.cost_ms(c, own, own, fixed),
                                                           per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget))
@@ -125,21 +130,29 @@ class Timing:
                     n_next = n
                 # The calls to check, chosen now that their digests (on the CPU: the stopped runner's claim of
                 # where its outputs lie) are in.
-                chosen = self._choose(c.n, n_next)
                 if host:
+                    # The reference's next batch runs n_ref of this batch's sets, the chosen calls' among them
+                    # (its outputs are what theirs are checked against): each side's batch lasts about
+                    # batch_ms, where one length for both made a 2.5x faster candidate's reference batch 52 ms
+                    # of a 72 ms pair.
+                    chosen = self._choose(c.n, min(n_ref, c.n))
+                    pick = self._pick(c.n, min(n_ref, c.n), chosen)
                     path = None
                     if not gpu:   # read now, from the stopped runner (on a GPU the reference worker reads them)
                         path = os.path.join(self.readout_dir, f"read-{i}.out")
                         problem = readout.write(path, self.mem, values, chosen)
                         if problem is not None:
                             return _forged(self.details, problem)
-                    refs.append(self._host_ref_batch(seed, n_next, chosen))
+                    at = [pick.index(j) for j in chosen]   # where the reference's batch ran each chosen set
+                    refs.append(self._host_ref_batch(seed, c.n, at, pick))
                     step, base = values.layout["set_bytes"], values.layout["base"]
-                    items = [{"key": f"{i}:{j}", "call": j, "inputs": [base + j * step, step]} for j in chosen]
+                    items = [{"key": f"{i}:{j}", "call": j, "ref_call": k, "inputs": [base + j * step, step]}
+                             for j, k in zip(chosen, at)]
                     if gpu:
                         for it in items:
-                            it["cand"], it["ref"] = values.pointers[it["call"]], self._ref_claim.pointers[it["call"]]
+                            it["cand"], it["ref"] = values.pointers[it["call"]], self._ref_claim.pointers[it["ref_call"]]
                 else:
+                    chosen = self._choose(c.n, n_next)
                     t = time.monotonic()
                     path = os.path.join(self.job["work_dir"], f"shipped-{i}.bin")
                     self.w.send({"cmd": "ship", "path": path, "calls": chosen})
@@ -278,14 +291,17 @@ class Timing:
             return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
         return b, values
 
-    def _host_ref_batch(self, seed: int, n: int, chosen: list[int] | None = None) -> clock.Batch:
-        """A batch of the reference's runner, timed as the candidate's are (_host_cand_batch); with
-        `chosen`, the outputs of those calls are what the candidate's are checked against (CPU: read from
-        it now; GPU: read by the reference worker, where the claim says). Its failure is the reference's:
-        RuntimeError, and a new runner for the next timing."""
+    def _host_ref_batch(self, seed: int, n: int, chosen: list[int] | None = None,
+                        pick: list[int] | None = None) -> clock.Batch:
+        """A batch of the reference's runner, timed as the candidate's are (_host_cand_batch): the n sets of
+        the seed, or with `pick` those of them, in that order; with `chosen` (calls of this batch), the
+        outputs of those calls are what the candidate's are checked against (CPU: read from it now; GPU:
+        read by the reference worker, where the claim says). Its failure is the reference's: RuntimeError,
+        and a new runner for the next timing."""
         rr, gpu = self.rr, self.ev.device == "cuda"
-        layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference"}),
-                              "filled")["layout"]
+        layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference",
+                                                 "pick": pick}), "filled")["layout"]
+        n = int(layout["n"])
         try:
             pid = rr.main_pid()
             stop(pid)   # stopped already, except in its first batch
@@ -516,9 +532,19 @@ class Timing:
 
     def _choose(self, n_cand: int, n_ref: int) -> list[int]:
         """The calls whose outputs will be checked, chosen now that their digests are in: every batch, so
-        no batch is known in advance to go unchecked."""
+        no batch is known in advance to go unchecked; as many as the reference's next batch holds (n_ref),
+        from all of the candidate's calls with shared memory (the reference's batch runs their sets: _pick),
+        from the first n_ref in the fallback (its reference runs those)."""
         k = max(1, min(self.opts.verify_per_batch, n_cand, n_ref))
-        return sorted(secrets.SystemRandom().sample(range(min(n_cand, n_ref)), k))
+        among = n_cand if self.rr is not None else min(n_cand, n_ref)
+        return sorted(secrets.SystemRandom().sample(range(among), k))
+
+    @staticmethod
+    def _pick(n_cand: int, n_ref: int, chosen: list[int]) -> list[int]:
+        """Which of the candidate's n_cand sets the reference's next batch runs: the chosen calls' and
+        others at random, n_ref in all, in the candidate's order."""
+        rest = sorted(set(range(n_cand)) - set(chosen))
+        return sorted(set(chosen) | set(secrets.SystemRandom().sample(rest, max(0, n_ref - len(chosen)))))
 
     def _check(self, path: str | None, items: list[dict], checks: list, geometry: list | None = None
                ) -> EvalResult | None:

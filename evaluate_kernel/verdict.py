@@ -41,7 +41,8 @@ def timing_details(timed: dict, device: str) -> dict:
         return [{"n": b.n, **{p: round(getattr(b, p) * 1e3, 4) for p in clock.PHASES}} for b in batches]
     clock_name = "the parent's monotonic clock" if device == "cuda" else "the workers' CPU time, read by the parent"
     out = {"clock": clock_name, "batches_ref_ms": rows(timed["refs"]),
-           "batches_cand_ms": rows(timed["cands"]), "calls_per_batch": timed["cands"][-1].n if timed["cands"] else 0}
+           "batches_cand_ms": rows(timed["cands"]), "calls_per_batch": timed["cands"][-1].n if timed["cands"] else 0,
+           "calls_per_reference_batch": timed["refs"][-1].n if timed["refs"] else 0}
     if f is not None:
         out.update(pairs=f.pairs, ratios=[round(r, 5) for r in f.ratios], runtime_ms=f.runtime_ms,
                    baseline_ms=f.baseline_ms, speedup=f.speedup, interval=[f.low, f.high])

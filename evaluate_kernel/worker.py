@@ -327,7 +327,8 @@ def _role_ref(job: dict, send, recv) -> None:
                     batches = Batches(_timing_model(ref_ns, models, device), ref_ns, device, job.get("on_device", True))
                 reply = {"kind": "timing"}
             elif cmd == "fill":   # (CPU) the next batch's inputs, into the file of the runner named
-                reply = {"kind": "filled", "layout": batches.fill(req["seed"], req["n"], req["target"])}
+                reply = {"kind": "filled", "layout": batches.fill(req["seed"], req["n"], req["target"],
+                                                                   req.get("pick"))}
             elif cmd == "draw":
                 reset_persisting_l2(device)
                 batches.draw(req["seed"], req["n"], req["batch"], req.get("keep"))

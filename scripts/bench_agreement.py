@@ -8,7 +8,7 @@ the candidate imports the library the evaluator built, so both time the same mac
 with code written here, sharing none with the evaluator, by the evaluator's definition of a call's time:
 
     n calls back to back on n input sets of their own (drawn before the clock starts), one synchronise,
-    per call, the side's last batch's outputs freed first inside the window, as the runners free theirs; n = the evaluator's calls per batch; batches alternate reference, candidate, reference ...
+    per call, the side's last batch's outputs freed first inside the window, as the runners free theirs; n = the evaluator's calls per batch on that side; batches alternate reference, candidate, reference ...
     (BATCHES of each), with every thread of this process on one core (CUDA's too, as in the evaluator's
     runner); the medians per side, and the median of the paired ratios.
 
@@ -133,9 +133,10 @@ def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[s
         message = result.message[:200].replace("|", "/").replace("\n", " ")
         return [(f"| {name} | candidate | {result.status} | n/a | {message} |\n", None)]
     n = int(result.details["timing"]["calls_per_batch"])
+    n_ref = int(result.details["timing"].get("calls_per_reference_batch") or n)
     ref_ns, ref_model, cand_model = build(task, src, device, cache_dir)
-    ref_ms, cand_ms, speedup = alternate(ref_model, cand_model, ref_ns, n, device)
-    notes.append(f"{name}: {n} calls per batch, {BATCHES} batches a side; evaluator's interval "
+    ref_ms, cand_ms, speedup = alternate(ref_model, cand_model, ref_ns, n, device, n_ref=n_ref)
+    notes.append(f"{name}: {n} calls per candidate batch, {n_ref} per reference batch, {BATCHES} batches a side; evaluator's interval "
                  f"{['%.4f' % v for v in result.details.get('speedup_ci') or []]}, a batch's fixed cost "
                  f"{result.details.get('batch_fixed_ms')} ms")
     return [row(name, "candidate ms per call", result.runtime_ms, cand_ms),
@@ -195,9 +196,11 @@ def load_candidate(src: str, cache_dir: str) -> dict:
 # ------------------------------------------------------------------------------------------- the timer
 
 def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
-              batches: int = BATCHES) -> tuple[float, float, float]:
-    """(reference ms per call, candidate ms per call, speedup): batches of n calls on fresh inputs,
-    alternated, the first pair a warm-up; medians, and the median of the ratios of neighbouring batches."""
+              batches: int = BATCHES, n_ref: int | None = None) -> tuple[float, float, float]:
+    """(reference ms per call, candidate ms per call, speedup): batches of n calls (the reference's of
+    n_ref, if given) on fresh inputs, alternated, the first pair a warm-up; medians, and the median of the
+    ratios of neighbouring batches."""
+    n_ref = n if n_ref is None else n_ref
     ref, cand = [], []
     held_ref: list = []   # each side's last batch's outputs, freed inside its next batch
     held_cand: list = []
@@ -205,9 +208,9 @@ def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
     try:
         with torch.no_grad():
             for k in range(batches):
-                ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * k, held=held_ref))
+                ref.append(batch_ms(ref_model, ref_ns, n_ref, device, seed=2 * k, held=held_ref))
                 cand.append(batch_ms(cand_model, ref_ns, n, device, seed=2 * k + 1, held=held_cand))
-            ref.append(batch_ms(ref_model, ref_ns, n, device, seed=2 * batches, held=held_ref))
+            ref.append(batch_ms(ref_model, ref_ns, n_ref, device, seed=2 * batches, held=held_ref))
             held_ref.clear()
             held_cand.clear()
     finally:   # the next problem's Evaluator inherits this process's cores (on one: its fixed cost read 9x)

@@ -197,6 +197,48 @@ def test_the_time_budget_never_stops_the_timing_at_a_single_pair(tmp_path):
         assert low < high
 
 
+SLOW_REF = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        y = x
+        for _ in range(8):
+            y = torch.relu(y) * 1.0
+        return torch.relu(x) + 0.0 * y
+def get_inputs():
+    return [torch.randn(64, 4096)]
+def get_init_inputs():
+    return []
+"""
+WRONG_BEYOND = """
+import time
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.last, self.k = 0.0, 0
+    def forward(self, x):
+        now = time.perf_counter()
+        self.k = 0 if now - self.last > 0.002 else self.k + 1   # a batch's calls come back to back
+        self.last = now
+        return torch.relu(x) + (1.0 if self.k >= LIMIT else 0.0)
+"""
+
+
+def test_a_faster_candidates_calls_beyond_the_references_batch_are_checked_too(tmp_path):
+    """Each side's batch lasts about batch_ms of its own calls, so a faster candidate's holds more calls
+    than the reference's; the reference's batch runs the checked calls' sets whichever they are, so a
+    candidate right only for as many calls as the reference's batch holds is caught."""
+    with ek.Evaluator(SLOW_REF, device="cpu", cache_dir=str(tmp_path), min_pairs=6, max_pairs=12,
+                      run_timeout_s=60) as e:
+        honest = e.evaluate(WRONG_BEYOND.replace("LIMIT", "10**9"))
+        assert honest.status == "ok", honest.message
+        t = honest.details["timing"]
+        assert t["calls_per_batch"] > 2 * t["calls_per_reference_batch"], t
+        r = e.evaluate(WRONG_BEYOND.replace("LIMIT", str(t["calls_per_reference_batch"])))
+        assert r.status == "incorrect" and "timed call" in r.message, r.message
+
+
 def test_input_modification_is_rejected(ev):
     body = HONEST_BODY.replace("        return ", "        out = ") + "\n        x.zero_()\n        return out"
     r = ev.evaluate(variant(body))

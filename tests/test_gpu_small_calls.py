@@ -3,7 +3,7 @@
   - the hand-written candidates for softmax@v0, mean@v0 and maxpool@v0 (tests/kernels/*_v0.py) each
     evaluate "ok" on their task, with a runtime, a baseline and a speedup whose interval holds it;
   - for each, the evaluator's speedup lies within 5% of a measurement by the same protocol (batches of
-    the same number of back-to-back calls on fresh inputs, alternated, each side's last outputs freed
+    the same numbers of back-to-back calls on fresh inputs, alternated, each side's last outputs freed
     inside its next batch) made here after the Evaluator is closed, by scripts/bench_agreement.py's timer
     (which shares no code with the evaluator); the times per call are printed beside it (below: why
     they are not compared). The full table, four problems: that script.
@@ -70,9 +70,10 @@ def test_small_call_timing_agrees_with_an_independent_timer(evaluated, timers, n
     result, src, cache = evaluated(name)
     assert result.status == "ok", result.message
     n = int(result.details["timing"]["calls_per_batch"])
+    n_ref = int(result.details["timing"]["calls_per_reference_batch"])
     torch.set_num_threads(1)
     ref_ns, ref_model, cand_model = timers.build(tasks.get(name), src, "cuda", cache)
-    ref_ms, cand_ms, speedup = timers.alternate(ref_model, cand_model, ref_ns, n, "cuda")
+    ref_ms, cand_ms, speedup = timers.alternate(ref_model, cand_model, ref_ns, n, "cuda", n_ref=n_ref)
     print(f"\n{name}: evaluator {result.runtime_ms:.5f} / {result.baseline_ms:.5f} ms, {result.speedup:.4f}x; "
           f"here {cand_ms:.5f} / {ref_ms:.5f} ms, {speedup:.4f}x ({n} calls a batch)")
     # The speedup only: the times per call differed from this timer's by 4-52% over three runs on an

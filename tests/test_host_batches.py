@@ -157,6 +157,46 @@ def test_both_runners_run_the_same_step_on_the_same_inputs():
         _release()
 
 
+def test_the_references_batch_runs_the_picked_sets_and_checks_them_against_the_candidates(tmp_path):
+    """A faster candidate's batch holds more calls than the reference's: the reference's next batch runs
+    some of its sets (the checked calls' among them), in the order picked, values that differ per set
+    included; each checked call is compared with the reference's call on the same set, wherever that
+    lies in the reference's batch, and a call wrong beyond the reference's length is caught."""
+    ns: dict = {}
+    exec("import torch, random\ndef get_inputs():\n    return [torch.randn(6, 5), random.choice([1.0, 2.0, 3.0])]", ns)
+    arenas = {"runner": Arena.create(1 << 20), "reference": Arena.create(1 << 20)}
+    try:
+        inputs = HostInputs(ns, arenas)
+        wrong_late = {"k": 0}
+
+        def cand_fn(x, s):   # right for the first 4 calls of its batch, wrong after
+            wrong_late["k"] += 1
+            return (x * s).softmax(-1) + (wrong_late["k"] > 4)
+        cand = HostBatches(Fn(cand_fn), arenas["runner"], CALL)
+        ref = HostBatches(Fn(lambda x, s: (x * s).softmax(-1)), arenas["reference"], CALL)
+        mem = readout.Memory(os.getpid())
+        geometry = [["float32", [6, 5], [5, 1]]]
+        layout = inputs.fill(9, 8, "runner")
+        views = arenas["runner"].views(layout)
+        readout.write(str(tmp_path / "c"), mem, readout.claim(cand.go(layout), 8, geometry), [1, 6])
+        pick = [1, 3, 6]
+        ref_layout = inputs.fill(9, 8, "reference", pick)
+        assert ref_layout["n"] == 3 and ref_layout["base"] == layout["base"]
+        ref_views = arenas["reference"].views(ref_layout)
+        for k, j in enumerate(pick):   # the picked sets, values and tensors, in order
+            assert torch.equal(ref_views[k][0], views[j][0]) and ref_views[k][1] == views[j][1]
+        readout.write(str(tmp_path / "r"), mem, readout.claim(ref.go(ref_layout), 3, geometry), [0, 2])
+        mem.close()
+        step = layout["set_bytes"]
+        items = [{"call": j, "ref_call": k, "inputs": [layout["base"] + j * step, step]} for j, k in ((1, 0), (6, 2))]
+        results = inputs.check(str(tmp_path / "c"), str(tmp_path / "r"), items, 1e-4, 1e-4, 1e-5)
+        assert [r["ok"] for r in results] == [True, False]
+        with pytest.raises(ValueError, match="picked"):
+            inputs.fill(9, 8, "reference", [8])
+    finally:
+        _release()
+
+
 def test_a_batchs_outputs_are_freed_inside_the_next_timed_step():
     """Freeing an output runs the candidate's code (a finalizer, a __del__): it happens inside go(), which
     the parent times, never in a step of its own between batches (where a finalizer pre-faulted the next
@@ -231,7 +271,8 @@ def test_a_call_that_wrote_into_its_inputs_fails_the_check(tmp_path):
         inputs.fill(5, 3, "reference")
         readout.write(str(tmp_path / "r"), mem, readout.claim(ref.go(layout), 3, geometry), [0, 1])
         mem.close()
-        items = [{"call": j, "inputs": [layout["base"] + j * layout["set_bytes"], layout["set_bytes"]]} for j in (0, 1)]
+        items = [{"call": j, "ref_call": j, "inputs": [layout["base"] + j * layout["set_bytes"], layout["set_bytes"]]}
+                 for j in (0, 1)]
         results = inputs.check(str(tmp_path / "c"), str(tmp_path / "r"), items, 1e-4, 1e-4, 1e-5)
         assert [r["ok"] for r in results] == [False, False]
         assert all("changed its inputs" in r["reason"] for r in results)
@@ -438,3 +479,14 @@ def test_a_runner_whose_outputs_outgrow_its_memory_says_so_and_serves_on():
     with pytest.raises(ValueError):
         _serve_host(Steps([ValueError("the candidate's own")]), sent.append,
                     lambda: {"cmd": "go", "layout": {}})
+
+
+@given(st.integers(min_value=1, max_value=300), st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_reference_runs_every_checked_set_and_as_many_as_its_batch_holds(n_cand, data):
+    from evaluate_kernel.timing import Timing
+    n_ref = data.draw(st.integers(min_value=1, max_value=n_cand))
+    chosen = sorted(data.draw(st.sets(st.integers(0, n_cand - 1), min_size=1, max_size=min(2, n_ref))))
+    pick = Timing._pick(n_cand, n_ref, chosen)
+    assert len(pick) == n_ref and pick == sorted(set(pick)) and set(chosen) <= set(pick)
+    assert all(0 <= j < n_cand for j in pick)
