@@ -70,6 +70,7 @@ class Batch:
     settle: float = 0.0
     digest: float = 0.0
     probe: float = 0.0
+    fixed: float | None = None  # seconds taken off besides its calls, where not the figures' own (cut batches)
 
 
 @dataclass
@@ -95,13 +96,14 @@ def typical(batches: list[Batch]) -> dict[str, float]:
 
 def cost_ms(b: Batch, own: dict[str, float], ref: dict[str, float], fixed: float = 0.0) -> float:
     """A batch's cost per call: its calls less the batch's fixed cost (`fixed`, seconds: measured on the
-    reference's runner, fixed_cost()), each phase's deviation from its side's median (own), and the
+    reference's runner, fixed_cost(); b.fixed instead where set: a batch cut for memory, timing.py), each phase's deviation from its side's median (own), and the
     amount by which that median exceeds the reference's (ref), never less than zero. Never less than
     half the batch's calls either: where bookkeeping takes several times the calls (a 10 us call on a
     GPU), a batch whose bookkeeping ran unusually fast would otherwise cost nothing or less, and a ratio
     of such costs is no speedup (an honest candidate was rejected for it). The floor only raises costs,
     on both sides alike."""
     extra = sum(getattr(b, p) - own[p] + max(0.0, own[p] - ref[p]) for p in BOOKKEEPING)
+    fixed = fixed if b.fixed is None else b.fixed
     return max(b.calls - fixed + extra, b.calls / 2) / b.n * 1e3
 
 

@@ -394,6 +394,11 @@ class Device:
         return float((self.baseline or {}).get("fixed_ms") or 0.0)
 
     @property
+    def empty_ms(self) -> float:
+        """(GPU with shared memory) What a batch of no calls costs, from the baseline's run."""
+        return float((self.baseline or {}).get("empty_ms") or 0.0)
+
+    @property
     def gpu_lock_path(self) -> str:
         return gpu_lock_path(self.ev.device, self.physical)
 

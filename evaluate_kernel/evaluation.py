@@ -68,6 +68,7 @@ class Evaluation(Timing):
         self.rr: Worker | None = None               # the reference's runner (CPU; GPU with shared memory),
         self.rr_mem: readout.Memory | None = None   # (CPU) its memory,
         self._ref_claim: readout.Claim | None = None   # (GPU) and its last claim of where its outputs lie
+        self._ref_layout: dict | None = None       # the layout of its last batch (a batch of no calls reuses it)
         self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride,
         self._ref_views: set[int] = set()          # and those it returns as views of its inputs
 

@@ -567,7 +567,8 @@ class Evaluator:
                 # runner by the same protocol; their ratio (self_check, ~1) is the protocol's own check.
                 dev.baseline = {"baseline_ms": res.baseline_ms, "runner_ms": res.runtime_ms,
                                 "self_check": res.speedup, "interval": res.details.get("speedup_ci"),
-                                "timing": res.details.get("timing"), "fixed_ms": res.details.get("batch_fixed_ms", 0.0)}
+                                "timing": res.details.get("timing"), "fixed_ms": res.details.get("batch_fixed_ms", 0.0),
+                                "empty_ms": res.details.get("batch_empty_ms", 0.0)}
         return dev.baseline
 
     def baseline_info(self, gpu: int | None = None) -> dict:

@@ -23,6 +23,7 @@ import math
 import os
 import secrets
 import signal
+import statistics
 import threading
 import time
 
@@ -36,6 +37,7 @@ IDLE_PROBES = 3   # fast probes in a row that say the GPU is idle (_drain)
 FIXED_PAIRS = 5   # pairs of the reference's batches (one call, a whole batch) that measure a batch's fixed cost
 FIXED_SPREAD = 0.05   # ... accepted once their estimates' quartiles lie within this fraction of a whole batch
 FIXED_TRIES = 4       # ... else measured again, up to this many times in all (the steadiest one is used)
+EMPTY_BATCHES = 5     # batches of no calls that measure what a batch costs outside any model's calls
 COPY_SLACK_MS = 0.05   # a probe's copy is busy beyond twice its idle time and this (idle: ~0.03 ms a MiB)
 
 
@@ -93,10 +95,12 @@ class Timing:
                 r0 = self._calibrate(budget, per_call_bytes)
                 ref_ms = r0.calls / r0.n * 1e3
             n = clock.calls_per_batch(ref_ms, None, per_call_bytes, opts.batch_ms, opts.max_batch_ms, budget)
-            fixed = 0.0   # what a batch costs besides its calls, taken off both sides' (GPU, shared memory)
+            fixed = empty = 0.0   # what a batch costs besides its calls, taken off both sides' (GPU, shared
+            # memory); and what one of no calls costs, taken off a batch cut for memory (_fitting_cand_batch)
             if gpu and host:
-                fixed = self._fixed_cost(n) if dev.ref_ms is None else dev.fixed_ms / 1e3
+                fixed, empty = self._fixed_cost(n) if dev.ref_ms is None else (dev.fixed_ms / 1e3, dev.empty_ms / 1e3)
                 self.details["batch_fixed_ms"] = round(fixed * 1e3, 4)
+                self.details["batch_empty_ms"] = round(empty * 1e3, 4)
             first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
             refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
             n_ref = n   # (shared memory) the reference's batches keep their own length; a faster candidate's grow
@@ -105,8 +109,7 @@ class Timing:
                 seed = secrets.randbits(31)
                 t = time.monotonic()
                 if host:
-                    c, values, seed, n = self._fitting_cand_batch(seed, n, ref_ms, fixed)
-                    n_ref = min(n_ref, n)   # cut for memory: both sides from then on
+                    c, values, seed, n = self._fitting_cand_batch(seed, n, ref_ms, fixed, empty, n_ref)
                 else:
                     c, values = self._cand_batch(seed, n, i)
                 if isinstance(c, EvalResult):
@@ -135,8 +138,8 @@ class Timing:
                     # (its outputs are what theirs are checked against): each side's batch lasts about
                     # batch_ms, where one length for both made a 2.5x faster candidate's reference batch 52 ms
                     # of a 72 ms pair.
-                    chosen = self._choose(c.n, min(n_ref, c.n))
-                    pick = self._pick(c.n, min(n_ref, c.n), chosen)
+                    chosen = self._choose(c.n, n_ref)
+                    pick = self._pick(max(c.n, n_ref), n_ref, chosen)
                     path = None
                     if not gpu:   # read now, from the stopped runner (on a GPU the reference worker reads them)
                         path = os.path.join(self.readout_dir, f"read-{i}.out")
@@ -144,7 +147,7 @@ class Timing:
                         if problem is not None:
                             return _forged(self.details, problem)
                     at = [pick.index(j) for j in chosen]   # where the reference's batch ran each chosen set
-                    refs.append(self._host_ref_batch(seed, c.n, at, pick))
+                    refs.append(self._host_ref_batch(seed, max(c.n, n_ref), at, pick))
                     step, base = values.layout["set_bytes"], values.layout["base"]
                     items = [{"key": f"{i}:{j}", "call": j, "ref_call": k, "inputs": [base + j * step, step]}
                              for j, k in zip(chosen, at)]
@@ -205,7 +208,7 @@ class Timing:
             n = min(n_max, max(2 * n, math.ceil(n * self.opts.batch_ms / 2 / max(ms, 1e-3))))
         return b
 
-    def _fixed_cost(self, n: int) -> float:
+    def _fixed_cost(self, n: int) -> tuple[float, float]:
         """(GPU with shared memory, the baseline's run) Seconds every batch costs besides its calls, the
         same for either side: waking the stopped runner, the GPU switching back to its context from the
         prober's, the last synchronise, the answer (0.7-0.9 ms on an H100: 4% of a 20 ms batch, which
@@ -219,9 +222,16 @@ class Timing:
         Evaluator's life; its pairs disagreed by 20% of a whole batch, a quiet H100's by 0.5-3%. Each
         measured batch follows one of its own size, as in a timing, where a step frees the outputs of the
         batch before it: a batch of one call after one of n freed n outputs in its step (on softmax@v0,
-        1.7 ms read as fixed)."""
+        1.7 ms read as fixed). Returned with it: what a batch of no calls costs (the median of EMPTY_BATCHES,
+        each after another empty one), all of the fixed cost that lies outside any model's calls."""
+        empties = []
+        for _ in range(EMPTY_BATCHES):
+            self._host_ref_batch(0, 0)
+            empties.append(self._host_ref_batch(0, 0).calls)
+        empty = statistics.median(empties)
+        self.details["batch_empty_tries_ms"] = [round(e * 1e3, 4) for e in empties]
         if n < 2:
-            return 0.0
+            return 0.0, empty
         best, tries = None, []
         for _ in range(FIXED_TRIES):   # again while the pairs disagree: the device or the core was not quiet
             pairs = []
@@ -240,7 +250,7 @@ class Timing:
             if spread <= FIXED_SPREAD:
                 break
         self.details["batch_fixed_tries"] = tries
-        return best[1]
+        return best[1], empty
 
     def _clock(self, pid: int):
         """What a batch's steps are timed by: this process's clock on a GPU; on the CPU the worker's own CPU
@@ -299,8 +309,12 @@ class Timing:
         read by the reference worker, where the claim says). Its failure is the reference's: RuntimeError,
         and a new runner for the next timing."""
         rr, gpu = self.rr, self.ev.device == "cuda"
-        layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference",
-                                                 "pick": pick}), "filled")["layout"]
+        if n == 0:   # a batch of no calls (the last layout, emptied): what a batch costs with nothing in it
+            layout = dict(self._ref_layout, n=0)
+        else:
+            layout = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "reference",
+                                                     "pick": pick}), "filled")["layout"]
+            self._ref_layout = layout
         n = int(layout["n"])
         try:
             pid = rr.main_pid()
@@ -327,13 +341,15 @@ class Timing:
             raise RuntimeError(f"the reference's runner failed ({e!r})") from None
         return b
 
-    def _host_cand_batch(self, seed: int, n: int):
+    def _host_cand_batch(self, seed: int, n: int, drawn: int):
         """One batch of the runner's: (Batch, its checked claim of where its outputs lie) or (a rejection,
         None). Its inputs are written into its memory while it is stopped (the reference's runner gets the
         same ones next); it runs only inside its one step, timed with it stopped before and after (on a
         GPU the device is then drained, the wait charged to the batch)."""
         gpu = self.ev.device == "cuda"
-        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": n, "target": "runner"}), "filled")
+        pick = list(range(n)) if drawn > n else None   # (cut for memory) the first n of the sets drawn
+        reply = self._expect(self.dev.ref_call({"cmd": "fill", "seed": seed, "n": drawn, "target": "runner",
+                                                "pick": pick}), "filled")
         b = clock.Batch("cand", n)
         if gpu:   # nothing of the candidate's may run on the GPU while its inputs are written (and after)
             bad = self._drain(b, "settle")
@@ -360,17 +376,23 @@ class Timing:
         c.layout = reply["layout"]
         return b, c
 
-    def _fitting_cand_batch(self, seed: int, n: int, ref_ms: float, fixed: float):
-        """(Shared memory) The candidate's batch: (Batch, claim, seed, n). Where its outputs outgrow its
-        region (an honest candidate may hold more memory a call than the reference does: an output that is
-        a view of a padded buffer), again with a quarter of the calls, both sides' batches from then on,
-        while the calls still outlast four times a batch's fixed cost (the figure then leans little on that
-        cost's estimate: DESIGN.md, "Costs and limits"). The device is drained after a failed try, and
-        each try draws inputs from a new seed: the calls of a batch that failed may have computed their
-        outputs."""
+    def _fitting_cand_batch(self, seed: int, n: int, ref_ms: float, fixed: float, empty: float, n_ref: int):
+        """(Shared memory) The candidate's batch: (Batch, claim, seed, n), its inputs n of the at least n_ref
+        sets drawn (the reference's next batch runs n_ref of them). Where its outputs outgrow its region (an
+        honest candidate may hold more memory a call than the reference does: an output that is a view of a
+        padded buffer), again with a quarter of the calls, its batches from then on, while the calls still
+        outlast four times a batch's fixed cost. The reference's batches keep their length, and a cut
+        batch has only what a batch of no calls costs (`empty`) taken off, not the fixed cost: that
+        estimate holds the reference's own start-up within a call (its first launch, the gaps between its
+        first kernels), which a batch of one call pays in full; a candidate that claimed to be out of
+        memory to get batches of one call read 2.43-2.46x against its twin's 2.34x on conv_groupnorm
+        while both sides were cut. The device is drained after a failed try, and each try draws inputs
+        from a new seed: the calls of a batch that failed may have computed their outputs."""
         while True:
             try:
-                c, values = self._host_cand_batch(seed, n)
+                c, values = self._host_cand_batch(seed, n, max(n, n_ref))
+                if "calls_cut_for_memory" in self.details and not isinstance(c, EvalResult):
+                    c.fixed = empty
                 return c, values, seed, n
             except _Answered as e:
                 fewer = n // 4

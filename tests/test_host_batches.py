@@ -197,6 +197,26 @@ def test_the_references_batch_runs_the_picked_sets_and_checks_them_against_the_c
         _release()
 
 
+def test_a_batch_of_no_calls_answers_nothing_and_frees_the_last_batchs_outputs():
+    """What a batch costs outside any model's calls is measured on a batch of no calls (the last layout
+    emptied): it runs nothing of the model and frees what the batch before it held, as every step does."""
+    ns: dict = {}
+    exec("import torch\ndef get_inputs():\n    return [torch.randn(6, 5), 2.0]", ns)
+    arenas = {"runner": Arena.create(1 << 20), "reference": Arena.create(1 << 20)}
+    calls = []
+    try:
+        inputs = HostInputs(ns, arenas)
+        ref = HostBatches(Fn(lambda x, s: calls.append(1) or x * s), arenas["reference"], CALL)
+        layout = inputs.fill(3, 4, "reference")
+        ref.go(layout)
+        assert len(ref.outs) == 4 and len(calls) == 4
+        reply = ref.go(dict(layout, n=0))
+        assert ref.outs == [] and len(calls) == 4
+        assert reply["geometry"] == [] and readout.pointers_of(reply, 1) == []
+    finally:
+        _release()
+
+
 def test_a_batchs_outputs_are_freed_inside_the_next_timed_step():
     """Freeing an output runs the candidate's code (a finalizer, a __del__): it happens inside go(), which
     the parent times, never in a step of its own between batches (where a finalizer pre-faulted the next
