@@ -222,8 +222,9 @@ class Timing:
         Evaluator's life; its pairs disagreed by 20% of a whole batch, a quiet H100's by 0.5-3%. Each
         measured batch follows one of its own size, as in a timing, where a step frees the outputs of the
         batch before it: a batch of one call after one of n freed n outputs in its step (on softmax@v0,
-        1.7 ms read as fixed). Returned with it: what a batch of no calls costs (the median of EMPTY_BATCHES,
-        each after another empty one), all of the fixed cost that lies outside any model's calls."""
+        1.7 ms read as fixed). Returned with it: what a batch of no calls costs (on a GPU one trivial kernel
+        in their place: host_batches.HostBatches.go; the median of EMPTY_BATCHES, each after another empty
+        one), the part of the fixed cost that lies outside any model's calls."""
         empties = []
         for _ in range(EMPTY_BATCHES):
             self._host_ref_batch(0, 0)
