@@ -47,8 +47,8 @@ off every batch of either side.
 
 Batches alternate r0 c0 r1 c1 ... c(k-1) rk; candidate batch i sits between reference batches i and i+1
 (the second one on some of the same inputs, the checked calls' among them, so its kept outputs check the
-candidate's; each side's batch has a length of its own, n, about batch_ms of its calls), so a machine that drifts
-moves both sides of every pair alike. ratio(i) = mean(cost(r_i), cost(r_i+1)) / cost(c_i); the speedup
+candidate's; each side's batch has a length of its own, n, about batch_ms of its calls), so a machine
+that drifts moves both sides of every pair alike. ratio(i) = mean(cost(r_i), cost(r_i+1)) / cost(c_i); the speedup
 is the median of the ratios, with a distribution-free 95% interval from their order statistics; the
 runtime and baseline are the medians of the per-call costs. Pair 0 is a warm-up and does not count.
 """
@@ -96,8 +96,9 @@ def typical(batches: list[Batch]) -> dict[str, float]:
 
 def cost_ms(b: Batch, own: dict[str, float], ref: dict[str, float], fixed: float = 0.0) -> float:
     """A batch's cost per call: its calls less the batch's fixed cost (`fixed`, seconds: measured on the
-    reference's runner, fixed_cost(); b.fixed instead where set: a batch cut for memory, timing.py), each phase's deviation from its side's median (own), and the
-    amount by which that median exceeds the reference's (ref), never less than zero. Never less than
+    reference's runner, fixed_cost(); b.fixed instead where set: a batch cut for memory, timing.py), each
+    phase's deviation from its side's median (own), and the amount by which that median exceeds the
+    reference's (ref), never less than zero. Never less than
     half the batch's calls either: where bookkeeping takes several times the calls (a 10 us call on a
     GPU), a batch whose bookkeeping ran unusually fast would otherwise cost nothing or less, and a ratio
     of such costs is no speedup (an honest candidate was rejected for it). The floor only raises costs,

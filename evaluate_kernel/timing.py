@@ -344,8 +344,8 @@ class Timing:
 
     def _host_cand_batch(self, seed: int, n: int, drawn: int):
         """One batch of the runner's: (Batch, its checked claim of where its outputs lie) or (a rejection,
-        None). Its inputs are written into its memory while it is stopped (the reference's runner gets the
-        same ones next); it runs only inside its one step, timed with it stopped before and after (on a
+        None). Its inputs, the first n of `drawn` sets, are written into its memory while it is stopped (the
+        reference's runner gets some of those sets next); it runs only inside its one step, timed with it stopped before and after (on a
         GPU the device is then drained, the wait charged to the batch)."""
         gpu = self.ev.device == "cuda"
         pick = list(range(n)) if drawn > n else None   # (cut for memory) the first n of the sets drawn
