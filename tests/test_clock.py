@@ -58,6 +58,19 @@ def test_a_batchs_fixed_cost_is_found_and_taken_off_both_sides(fixed, per_call, 
         assert clock.figures(refs, cands).speedup < factor   # without it: towards 1
 
 
+@given(st.floats(min_value=0.0, max_value=0.002), st.floats(min_value=0.0, max_value=1.0),
+       st.floats(min_value=1e-4, max_value=0.01), st.integers(min_value=1, max_value=8))
+def test_a_batch_with_a_fixed_cost_of_its_own_has_that_taken_off_instead(fixed, share, per_call, n):
+    """A batch cut for memory has only what a batch of no calls costs taken off (timing.py): never more
+    than the figures' fixed cost, so the cut batch costs at least what it would have, never less."""
+    own = fixed * share
+    b = Batch("cand", n, calls=fixed + n * per_call, fixed=own)
+    usual = clock.typical([b])
+    cut = clock.cost_ms(b, usual, usual, fixed)
+    assert math.isclose(cut, max(fixed - own + n * per_call, b.calls / 2) / n * 1e3, rel_tol=1e-9)
+    assert cut >= clock.cost_ms(Batch("cand", n, calls=b.calls), usual, usual, fixed) - 1e-12
+
+
 def test_a_fixed_cost_stays_within_zero_and_the_one_call_batch():
     """Noise that reads a negative fixed cost, or one larger than a whole batch of one call, is cut."""
     assert clock.fixed_cost([(Batch("ref", 1, calls=0.001), Batch("ref", 10, calls=0.02))]) == 0.0
