@@ -47,7 +47,10 @@ _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process call
 # its CPU time, on a GPU delaying its launches; aarch64 has no alarm); io_setup and io_submit (Linux AIO:
 # reads queued before the stop complete after it, as interrupts on the reference's core; this kernel
 # charges an interrupt to whatever runs there, and 100k 4 KB completions a second added 6% to a loop's
-# CPU time: twenty-second red team). On the CPU also fork, vfork,
+# CPU time: twenty-second red team). Left open, measured: readahead, posix_fadvise(WILLNEED) and
+# madvise(WILLNEED) queue the same kind of reads, but queuing costs more than the completions charge:
+# 200 MB of readahead cost its caller 13.4 ms of CPU and added 1.3 ms to a loop on the core the
+# interrupts landed on (twenty-third red team). On the CPU also fork, vfork,
 # execve, execveat (aarch64 has no fork or vfork).
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
