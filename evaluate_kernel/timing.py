@@ -222,17 +222,11 @@ class Timing:
         Evaluator's life; its pairs disagreed by 20% of a whole batch, a quiet H100's by 0.5-3%. Each
         measured batch follows one of its own size, as in a timing, where a step frees the outputs of the
         batch before it: a batch of one call after one of n freed n outputs in its step (on softmax@v0,
-        1.7 ms read as fixed). Returned with it: what a batch of no calls costs (on a GPU one trivial kernel
-        in their place: host_batches.HostBatches.go; the median of EMPTY_BATCHES, each after another empty
-        one), the part of the fixed cost that lies outside any model's calls."""
-        empties = []
-        for _ in range(EMPTY_BATCHES):
-            self._host_ref_batch(0, 0)
-            empties.append(self._host_ref_batch(0, 0).calls)
-        empty = statistics.median(empties)
-        self.details["batch_empty_tries_ms"] = [round(e * 1e3, 4) for e in empties]
+        1.7 ms read as fixed). Returned with it: what a batch of no calls costs (_empty_cost; on a GPU one
+        trivial kernel in their place: host_batches.HostBatches.go), the part of the fixed cost that lies
+        outside any model's calls."""
         if n < 2:
-            return 0.0, empty
+            return 0.0, self._empty_cost()
         best, tries = None, []
         for _ in range(FIXED_TRIES):   # again while the pairs disagree: the device or the core was not quiet
             pairs = []
@@ -251,7 +245,17 @@ class Timing:
             if spread <= FIXED_SPREAD:
                 break
         self.details["batch_fixed_tries"] = tries
-        return best[1], empty
+        return best[1], self._empty_cost()
+
+    def _empty_cost(self) -> float:
+        """(GPU with shared memory, the baseline's run) What a batch of no calls costs: the median of
+        EMPTY_BATCHES, each after another empty one (a step frees the outputs of the batch before it)."""
+        empties = []
+        for _ in range(EMPTY_BATCHES):
+            self._host_ref_batch(0, 0)
+            empties.append(self._host_ref_batch(0, 0).calls)
+        self.details["batch_empty_tries_ms"] = [round(e * 1e3, 4) for e in empties]
+        return statistics.median(empties)
 
     def _clock(self, pid: int):
         """What a batch's steps are timed by: this process's clock on a GPU; on the CPU the worker's own CPU

@@ -232,7 +232,7 @@ def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int, held: list | N
     clock = time.perf_counter if device == "cuda" else time.process_time
     # As the definition has it: a model without hooks of its own is called by its forward (nn.Module's
     # __call__ adds about 2.5 us a call on an H100's host, on both sides: a tenth of a 15 us softmax).
-    fn = model if _hooked(model) else model.forward
+    fn = model.forward if isinstance(model, torch.nn.Module) and not _hooked(model) else model
     sync()
     t0 = clock()
     if held is not None:
