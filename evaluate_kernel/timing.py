@@ -138,8 +138,9 @@ class Timing:
                     # (its outputs are what theirs are checked against): each side's batch lasts about
                     # batch_ms, where one length for both made a 2.5x faster candidate's reference batch 52 ms
                     # of a 72 ms pair.
+                    drawn = max(c.n, n_ref)   # the sets of the seed (a batch cut for memory ran the first c.n)
                     chosen = self._choose(c.n, n_ref)
-                    pick = self._pick(max(c.n, n_ref), n_ref, chosen)
+                    pick = self._pick(drawn, n_ref, chosen)
                     path = None
                     if not gpu:   # read now, from the stopped runner (on a GPU the reference worker reads them)
                         path = os.path.join(self.readout_dir, f"read-{i}.out")
@@ -147,7 +148,7 @@ class Timing:
                         if problem is not None:
                             return _forged(self.details, problem)
                     at = [pick.index(j) for j in chosen]   # where the reference's batch ran each chosen set
-                    refs.append(self._host_ref_batch(seed, max(c.n, n_ref), at, pick))
+                    refs.append(self._host_ref_batch(seed, drawn, at, pick))
                     step, base = values.layout["set_bytes"], values.layout["base"]
                     items = [{"key": f"{i}:{j}", "call": j, "ref_call": k, "inputs": [base + j * step, step]}
                              for j, k in zip(chosen, at)]
