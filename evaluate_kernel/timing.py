@@ -139,7 +139,7 @@ class Timing:
                     # batch_ms, where one length for both made a 2.5x faster candidate's reference batch 52 ms
                     # of a 72 ms pair.
                     drawn = max(c.n, n_ref)   # the sets of the seed (a batch cut for memory ran the first c.n)
-                    chosen = self._choose(c.n, n_ref)
+                    chosen = self._choose(c.n, n_ref)   # from all its calls: the reference runs their sets
                     pick = self._pick(drawn, n_ref, chosen)
                     path = None
                     if not gpu:   # read now, from the stopped runner (on a GPU the reference worker reads them)
@@ -156,7 +156,7 @@ class Timing:
                         for it in items:
                             it["cand"], it["ref"] = values.pointers[it["call"]], self._ref_claim.pointers[it["ref_call"]]
                 else:
-                    chosen = self._choose(c.n, n_next)
+                    chosen = self._choose(min(c.n, n_next), n_next)   # the reference runs the first n_next
                     t = time.monotonic()
                     path = os.path.join(self.job["work_dir"], f"shipped-{i}.bin")
                     self.w.send({"cmd": "ship", "path": path, "calls": chosen})
@@ -558,13 +558,11 @@ class Timing:
         """(CPU) Where the reference's outputs of the checked calls are read to."""
         return os.path.join(self.readout_dir, "read-reference.out")
 
-    def _choose(self, n_cand: int, n_ref: int) -> list[int]:
-        """The calls whose outputs will be checked, chosen now that their digests are in: every batch, so
-        no batch is known in advance to go unchecked; as many as the reference's next batch holds (n_ref),
-        from all of the candidate's calls with shared memory (the reference's batch runs their sets: _pick),
-        from the first n_ref in the fallback (its reference runs those)."""
-        k = max(1, min(self.opts.verify_per_batch, n_cand, n_ref))
-        among = n_cand if self.rr is not None else min(n_cand, n_ref)
+    def _choose(self, among: int, n_ref: int) -> list[int]:
+        """The calls whose outputs will be checked, chosen now that their digests are in, from the first
+        `among`: every batch, so no batch is known in advance to go unchecked; no more than the reference's
+        next batch holds (n_ref)."""
+        k = max(1, min(self.opts.verify_per_batch, among, n_ref))
         return sorted(secrets.SystemRandom().sample(range(among), k))
 
     @staticmethod
