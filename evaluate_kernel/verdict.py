@@ -38,7 +38,8 @@ def from_timing(timed: dict, device: str, details: dict) -> EvalResult:
 def timing_details(timed: dict, device: str) -> dict:
     f = timed["figures"]
     def rows(batches):
-        return [{"n": b.n, **{p: round(getattr(b, p) * 1e3, 4) for p in clock.PHASES}} for b in batches]
+        return [{"n": b.n, **{p: round(getattr(b, p) * 1e3, 4) for p in clock.PHASES},
+                 **({"host": round(b.host * 1e3, 4)} if b.host is not None else {})} for b in batches]
     clock_name = "the parent's monotonic clock" if device == "cuda" else "the workers' CPU time, read by the parent"
     out = {"clock": clock_name, "batches_ref_ms": rows(timed["refs"]),
            "batches_cand_ms": rows(timed["cands"]), "calls_per_batch": timed["cands"][-1].n if timed["cands"] else 0,

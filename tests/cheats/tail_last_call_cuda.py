@@ -31,6 +31,7 @@ if mod is not None and torch.cuda.is_available() and not getattr(mod.HostBatches
         def one_at_a_time(model, *xs):
             real_sync()
             return call(model, *xs)
+        one_at_a_time.bind = lambda model: (lambda *xs: one_at_a_time(model, *xs))
         self.call = one_at_a_time
         torch.cuda.synchronize = lambda *a, **k: None
         try:
