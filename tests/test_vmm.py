@@ -407,6 +407,9 @@ def _gpu_timing(order: list):
 
         def _freeze(self):
             order.append("freeze")
+
+        def _time_host(self, b):
+            order.append("host loop")
     t = T()
     t.opts, t.details, t.deadline = Options(), {}, 1e18
     t.ev = SimpleNamespace(device="cuda")
@@ -453,7 +456,7 @@ def test_a_gpu_batch_is_drained_the_moment_its_runner_stops_before_anything_else
         t._host_cand_batch(1, 1, 1)
     finally:
         readout.claim = orig
-    assert order == ["drain settle", "go", "drain probe", "freeze"]
+    assert order == ["drain settle", "host loop", "go", "drain probe", "freeze"]   # the loop: clock.steady_pairs
 
 
 def test_a_device_that_never_goes_quiet_rejects_the_candidate():
