@@ -53,10 +53,10 @@ is the median of the ratios, with a distribution-free 95% interval from their or
 runtime and baseline are the medians of the per-call costs. Pair 0 is a warm-up and does not count.
 
 On a GPU, where a side's calls slow with the host, a pair counts only while the host ran at its steady
-speed (slows_with_host, steady_pairs). A call of 10-20 us is
-launched by the host as much as it is run by the GPU, and the host of a rented machine has slow spells:
-on an H100's virtual machine a fixed loop of Python took 3.0-3.3 ms for seconds at a time, then 4.0-5.2
-ms, whatever this process did. A slow spell slows the side that is bound by its launches more than the
+speed (slows_with_host, steady_pairs). A call of 10-20 us is launched by the host as much as it is run
+by the GPU, and the host of a rented machine has slow spells: on an H100's virtual machine a loop of
+60,000 additions in Python took 3.0-3.3 ms for seconds at a time, then 4.0-5.2 ms, whatever this
+process did. A slow spell slows the side that is bound by its launches more than the
 side bound by its GPU time: mean@v0's hand-written candidate read 1.27x over the reference in fast
 spells and 1.03x in slow ones, one evaluation to the next. So the parent times a fixed loop of its own
 on the runners' core before every batch, the runner stopped (Batch.host, the best of three), and a pair

@@ -293,7 +293,7 @@ FAST, SLOW = 80e-6, 140e-6   # host loops seen on an H100's virtual machine in i
 def test_a_pair_counts_only_when_its_three_batches_began_in_a_steady_spell():
     refs = _spelled("ref", [0.15] * 6, [FAST, FAST, SLOW, FAST, FAST, None])
     cands = _spelled("cand", [0.12] * 5, [FAST, FAST, FAST, SLOW, FAST])
-    # pair 1: r1 slow... no: r2 (its right neighbour) is slow; pair 2: r2; pair 3: c3; pair 4: r5 untimed
+    # pair 1: its r2 is slow; pair 2: r2; pair 3: c3; pair 4: r5 untimed (counts as steady)
     assert clock.steady_pairs(refs, cands, FAST) == [0, 4]
     assert clock.steady_pairs(refs, cands, None) == [0, 1, 2, 3, 4]
     edge = FAST * (1 + clock.HOST_SLACK)
