@@ -60,11 +60,11 @@ process did. A slow spell slows the side that is bound by its launches more than
 side bound by its GPU time: mean@v0's hand-written candidate read 1.27x over the reference in fast
 spells and 1.03x in slow ones, one evaluation to the next. So the parent times a fixed loop of its own
 on the runners' core before every batch, the runner stopped (Batch.host, the best of three), and a pair
-counts when the loops before its three batches all took at most HOST_SLACK more than the host's steady
-speed (a low quantile of the loops the Evaluator has timed). The speedup is then the machine's at its
+counts when the loops before its reference batch r_i and its candidate batch c_i took at most HOST_SLACK
+more than the host's steady speed (a low quantile of the loops the Evaluator has timed). The speedup is then the machine's at its
 usual speed, where a slow spell otherwise decided it. A stopped candidate cannot make the loop faster,
 only slower (the first of three pays for what it left in the caches; the best counts), which only drops
-pairs: at most its honest speed. Where neither side slows with the host by more than HOST_BOUND (a call
+pairs, and only pairs whose outcome it does not know yet. Where neither side slows with the host by more than HOST_BOUND (a call
 of milliseconds, bound by the GPU), every pair counts: the slow spells change nothing there but how long
 the timing would wait for steady ones.
 """
@@ -178,12 +178,16 @@ def figures(refs: list[Batch], cands: list[Batch], skip: int = 1, fixed: float =
 
 
 def steady_pairs(refs: list[Batch], cands: list[Batch], steady_host: float | None) -> list[int]:
-    """The pairs (indices of cands) whose three batches r_i, c_i, r_i+1 each began with the host at its
-    steady speed: a host loop (Batch.host) within HOST_SLACK of steady_host, or none taken. All of them
-    without steady_host."""
+    """The pairs (indices of cands) whose batches r_i and c_i each began with the host at its steady speed:
+    a host loop (Batch.host) within HOST_SLACK of steady_host, or none taken. All of them without
+    steady_host. Not r_i+1's loop, though the pair's ratio uses that batch: it is timed after c_i, when
+    the candidate knows how c_i went, and what it leaves behind may slow it (work the kernel does for it
+    later: freeing memory it unmapped, a few milliseconds on), so judging the pair by it would let a
+    candidate drop its unlucky pairs (twenty-fourth red team). The loop before c_i it can only reach
+    knowing c_i-1's outcome."""
     def steady(b: Batch) -> bool:
         return steady_host is None or b.host is None or b.host <= steady_host * (1 + HOST_SLACK)
-    return [i for i in range(len(cands)) if steady(refs[i]) and steady(cands[i]) and steady(refs[i + 1])]
+    return [i for i in range(len(cands)) if steady(refs[i]) and steady(cands[i])]
 
 
 def slows_with_host(samples: list[tuple[float | None, float]], steady_host: float | None) -> bool | None:

@@ -12,7 +12,8 @@ with code written here, sharing none with the evaluator, by the evaluator's defi
     per call, the side's last batch's outputs freed first inside the window, as the runners free theirs; n = the evaluator's calls per batch on that side; batches alternate reference, candidate, reference ...
     (BATCHES of each), with every thread of this process on one core (CUDA's too, as in the evaluator's
     runner); the medians per side, and the median of the paired ratios. On a GPU, only the pairs whose
-    three batches each began with the host at its steady speed count: a fixed loop of Python timed on
+    reference and candidate batches (not the next reference batch) began with the host at its steady
+    speed count: a fixed loop of Python timed on
     that core before each batch took at most 25% longer than the fastest tenth of those loops and of
     2,000 timed first (alternating past BATCHES pairs until 12 are steady, up to four times as many;
     where fewer than five are, all count).
@@ -215,7 +216,7 @@ def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
     def steady() -> list[int]:
         loops = sorted(calibration + ref_host + cand_host)
         limit = 1.25 * loops[len(loops) // 10]
-        return [i for i in range(1, len(cand)) if max(ref_host[i], cand_host[i], ref_host[i + 1]) <= limit]
+        return [i for i in range(1, len(cand)) if max(ref_host[i], cand_host[i]) <= limit]
 
     try:
         with torch.no_grad():
