@@ -31,10 +31,7 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   row); the batch's time is this process's clock from letting the runner go to stopping it, plus what
   the device still had to do, less a batch's fixed cost (waking the runner, the GPU switching back to
   its context, the last synchronise: about 0.8 ms on an H100), measured on the reference's runner from
-  batches of one call and of many, and taken off both sides alike. Where either side's calls slow with
-  the host, only pairs that began with the host at its steady speed count (a loop of this process's own,
-  timed on the runners' core before each batch: a rented machine's host has slow spells, in which a
-  launch-bound call loses its lead). Where such memory cannot be shared, the runner draws and digests itself:
+  batches of one call and of many, and taken off both sides alike. Where such memory cannot be shared, the runner draws and digests itself:
   every step is clocked and a step that does another's work is charged for it; every timed output is
   bound to its inputs by a digest (a hash tree) sent before the evaluator chooses which to check.
 - The reference cannot be slowed: the candidate's process is stopped (SIGSTOP) whenever the reference

@@ -52,21 +52,9 @@ that drifts moves both sides of every pair alike. ratio(i) = mean(cost(r_i), cos
 is the median of the ratios, with a distribution-free 95% interval from their order statistics; the
 runtime and baseline are the medians of the per-call costs. Pair 0 is a warm-up and does not count.
 
-On a GPU, where a side's calls slow with the host, a pair counts only while the host ran at its steady
-speed (slows_with_host, steady_pairs). A call of 10-20 us is launched by the host as much as it is run
-by the GPU, and the host of a rented machine has slow spells: on an H100's virtual machine a loop of
-60,000 additions in Python took 3.0-3.3 ms for seconds at a time, then 4.0-5.2 ms, whatever this
-process did. A slow spell slows the side that is bound by its launches more than the
-side bound by its GPU time: mean@v0's hand-written candidate read 1.27x over the reference in fast
-spells and 1.03x in slow ones, one evaluation to the next. So the parent times a fixed loop of its own
-on the runners' core before every batch, the runner stopped (Batch.host, the best of three), and a pair
-counts when the loops before its reference batch r_i and its candidate batch c_i took at most HOST_SLACK
-more than the host's steady speed (a low quantile of the loops the Evaluator has timed). The speedup is then the machine's at its
-usual speed, where a slow spell otherwise decided it. A stopped candidate cannot make the loop faster,
-only slower (the first of three pays for what it left in the caches; the best counts), which only drops
-pairs, and only pairs whose outcome it does not know yet. Where neither side slows with the host by more than HOST_BOUND (a call
-of milliseconds, bound by the GPU), every pair counts: the slow spells change nothing there but how long
-the timing would wait for steady ones.
+On a GPU each batch also carries the time of a loop of the parent's own, run on the runners' core just
+before it (Batch.host): a diagnostic of the host's slow spells, which every pair still counts through
+(host_note; DESIGN.md, "The host's slow spells").
 """
 from __future__ import annotations
 
@@ -74,8 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 PHASES = ("draw", "calls", "settle", "digest", "probe")
-HOST_SLACK = 0.25   # a batch's host loop at most this much slower than the steady speed counts (steady_pairs)
-HOST_BOUND = 0.03   # a side whose calls take this much longer in the host's slow spells is bound by its host
+HOST_SLACK = 0.25   # a batch whose host loop took this much longer than the steady one began in a slow spell
 BOOKKEEPING = ("draw", "settle", "digest", "probe")
 
 
@@ -89,7 +76,7 @@ class Batch:
     digest: float = 0.0
     probe: float = 0.0
     fixed: float | None = None  # seconds taken off besides its calls, where not the figures' own (cut batches)
-    host: float | None = None   # (GPU) seconds of the parent's fixed loop on the runners' core just before it
+    host: float | None = None   # (GPU) seconds of the parent's loop on the runners' core just before it
 
 
 @dataclass
@@ -152,63 +139,45 @@ def fixed_cost_spread(pairs: list[tuple[Batch, Batch]]) -> float:
     return (values[-1 - q] - values[q]) / big
 
 
-def figures(refs: list[Batch], cands: list[Batch], skip: int = 1, fixed: float = 0.0,
-            steady_host: float | None = None) -> Figures | None:
+def figures(refs: list[Batch], cands: list[Batch], skip: int = 1, fixed: float = 0.0) -> Figures | None:
     """The speedup from alternated batches (refs has one more than cands, r_i before c_i before r_i+1);
-    the first `skip` pairs are warm-up; `fixed`, every batch's fixed cost (seconds); with `steady_host`
-    (seconds: the host loop's steady time), only the pairs steady_pairs() keeps. None while no pair
+    the first `skip` pairs are warm-up; `fixed`, every batch's fixed cost (seconds). None while no pair
     counts yet."""
     if len(refs) != len(cands) + 1:
         raise ValueError(f"{len(refs)} reference batches around {len(cands)} candidate batches")
-    counted = [i for i in steady_pairs(refs, cands, steady_host) if i >= skip]
-    if not counted:
+    if len(cands) <= skip:
         return None
     ref_usual, cand_usual = typical(refs[skip:]), typical(cands[skip:])
     ref_costs = [cost_ms(b, ref_usual, ref_usual, fixed) for b in refs]
-    ratios, cand_costs, ref_kept = [], [], set()
-    for i in counted:
+    ratios, cand_costs = [], []
+    for i in range(skip, len(cands)):
         c = cost_ms(cands[i], cand_usual, ref_usual, fixed)
         cand_costs.append(c)
         ratios.append((ref_costs[i] + ref_costs[i + 1]) / 2 / c)
-        ref_kept.update((i, i + 1))
     low, high = median_interval(ratios)
     return Figures(speedup=_median(ratios), low=low, high=high, runtime_ms=_median(cand_costs),
-                   baseline_ms=_median([ref_costs[i] for i in sorted(ref_kept)]), pairs=len(ratios),
+                   baseline_ms=_median([ref_costs[i] for i in range(skip, len(refs))]), pairs=len(ratios),
                    ratios=ratios)
 
 
-def steady_pairs(refs: list[Batch], cands: list[Batch], steady_host: float | None) -> list[int]:
-    """The pairs (indices of cands) whose batches r_i and c_i each began with the host at its steady speed:
-    a host loop (Batch.host) within HOST_SLACK of steady_host, or none taken. All of them without
-    steady_host. Not r_i+1's loop, though the pair's ratio uses that batch: it is timed after c_i, when
-    the candidate knows how c_i went, and what it leaves behind may slow it (work the kernel does for it
-    later: freeing memory it unmapped, a few milliseconds on), so judging the pair by it would let a
-    candidate drop its unlucky pairs (twenty-fourth red team). The loop before c_i it can only reach
-    knowing c_i-1's outcome."""
-    def steady(b: Batch) -> bool:
-        return steady_host is None or b.host is None or b.host <= steady_host * (1 + HOST_SLACK)
-    return [i for i in range(len(cands)) if steady(refs[i]) and steady(cands[i])]
-
-
-def slows_with_host(samples: list[tuple[float | None, float]], steady_host: float | None) -> bool | None:
-    """Whether a side's time per call grows in the host's slow spells by more than HOST_BOUND: samples are
-    (host loop, time per call) of its batches of one length. None without three batches of each kind."""
-    if steady_host is None:
-        return None
-    limit = steady_host * (1 + HOST_SLACK)
-    steady = [t for h, t in samples if h is not None and h <= limit]
-    slow = [t for h, t in samples if h is not None and h > limit]
-    if len(steady) < 3 or len(slow) < 3:
-        return None
-    return _median(slow) > _median(steady) * (1 + HOST_BOUND)
-
-
-def steady_host(loops: list[float], quantile: float = 0.1) -> float | None:
+def steady_host(loops: list[float | None], quantile: float = 0.1) -> float | None:
     """The host loop's steady time: a low quantile of the loops timed so far (a loop is only ever slowed,
-    by a slow spell, an interrupt, a cold cache, never sped up; the quantile rather than the least, so
-    that one loop on a briefly faster core does not make every later batch look slow). None without any."""
+    by a slow spell, an interrupt, a cold cache, never sped up; a quantile rather than the least, so that
+    one loop on a briefly faster core does not make every later one look slow). None without any."""
     s = sorted(x for x in loops if x is not None and math.isfinite(x) and x > 0)
     return s[int(quantile * (len(s) - 1))] if s else None
+
+
+def host_note(batches: list[Batch], steady: float | None) -> dict:
+    """What a timing's batches say of the host: the steady loop (ms) and the share of the batches whose
+    loop took more than HOST_SLACK longer (begun in a slow spell), each side's."""
+    def share(side: str) -> float | None:
+        timed = [b.host for b in batches if b.side == side and b.host is not None]
+        if not timed or steady is None:
+            return None
+        return round(sum(h > steady * (1 + HOST_SLACK) for h in timed) / len(timed), 3)
+    return {"host_loop_steady_ms": None if steady is None else round(steady * 1e3, 4),
+            "host_slow_share": {"reference": share("ref"), "candidate": share("cand")}}
 
 
 def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -20,8 +20,7 @@ from . import vmm
 from .common import lock_path, open_lock
 from .protocol import Worker
 
-HOST_LOOPS_KEPT = 2000   # (GPU) the latest host loops before batches (timing.host_loop): their low quantile is the steady speed
-REF_SPELLS_KEPT = 400    # (GPU) the reference's latest timed batches: whether its calls slow with the host
+HOST_LOOPS_KEPT = 2000   # (GPU) the latest host loops before batches (timing.host_loop): their low quantile is the steady time
 SWITCHES_KEPT = 31      # (GPU) the latest first probes after the reference runner's batches, whose median is a switch's cost ...
 SWITCH_CAP_MS = 1.0     # ... never above this (those drains are ours; this only bounds a fault)
 
@@ -61,7 +60,6 @@ class Device:
         # reference runner's batches saw first, which timing._drain charges nobody for.
         self.switches: collections.deque = collections.deque(maxlen=SWITCHES_KEPT)
         self.host_loops: collections.deque = collections.deque(maxlen=HOST_LOOPS_KEPT)
-        self.ref_spells: collections.deque = collections.deque(maxlen=REF_SPELLS_KEPT)   # (host loop, s a call)
         # (CPU; a GPU with shared memory) The reference is timed in a runner of its own (host_batches.py).
         self.ref_runner: Worker | None = None
         self._ref_runner_ready = False

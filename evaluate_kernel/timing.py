@@ -19,7 +19,6 @@ kept apart only to be read apart.
 from __future__ import annotations
 
 import gc
-import itertools
 import math
 import os
 import secrets
@@ -43,12 +42,13 @@ COPY_SLACK_MS = 0.05   # a probe's copy is busy beyond twice its idle time and t
 
 
 HOST_LOOP_STEPS = 3000   # a fixed loop of Python, about 0.1 ms on an H100's host (host_loop)
-HOST_WAIT = 3            # pairs that slow with the host wait up to this many times max_pairs for steady ones
 
 
 def host_loop(cpus: list[int]) -> float | None:
     """Seconds this thread takes for a fixed loop of Python on these cores, the best of three (the first
-    pays for moving here and for cold caches); None where it cannot be moved there."""
+    pays for moving here and for cold caches); None where it cannot be moved there. It tells the host's
+    slow spells (76-97 us in fast ones on an H100's virtual machine, 115-230 us in slow ones), which
+    decide a launch-bound call's time (DESIGN.md, "The host's slow spells")."""
     try:
         own = os.sched_getaffinity(0)   # pid 0: this thread only
         os.sched_setaffinity(0, cpus)
@@ -130,10 +130,8 @@ class Timing:
             first = self._host_ref_batch if host else (lambda seed, n: self._ref_batch(seed, n, -1, None))
             refs = [r0] if dev.ref_ms is None else [first(secrets.randbits(31), n)]
             n_ref = n   # (shared memory) the reference's batches keep their own length; a faster candidate's grow
-            started, f, waiting = time.monotonic(), None, False
-            for i in itertools.count():
-                if i > (HOST_WAIT * opts.max_pairs if waiting else opts.max_pairs):
-                    break
+            started, f = time.monotonic(), None
+            for i in range(opts.max_pairs + 1):
                 seed = secrets.randbits(31)
                 t = time.monotonic()
                 if host:
@@ -203,9 +201,7 @@ class Timing:
                     return bad
                 self._spent("check", t)
                 n = n_next
-                f, steady_only = self._counted(refs, cands, fixed, n_ref)
-                # Calls that slow with the host wait, past max_pairs, for enough pairs in its steady spells.
-                waiting = steady_only and (f is None or f.pairs < min(opts.min_pairs, opts.max_pairs))
+                f = clock.figures(refs, cands, fixed=fixed)
                 # The budget stops the timing only once the interval can mean something: a single pair's
                 # "interval" is a point, and a search keeping the best of several evaluations would profit
                 # from that noise (one pair of an 8 ms CPU ReLU read 0.96-1.10x for the same source).
@@ -216,7 +212,7 @@ class Timing:
             if gpu:
                 self.details["probe_idle_ms"] = dev.info.get("probe_ms")
             if host and gpu:
-                f = self._host_spells(f, refs, cands, fixed, n_ref)
+                self.details.update(clock.host_note(refs + cands, clock.steady_host(list(dev.host_loops))))
             return {"figures": f, "refs": refs, "cands": cands}
         finally:
             _NoCollections.release()
@@ -292,49 +288,12 @@ class Timing:
 
     def _time_host(self, b: clock.Batch) -> None:
         """(GPU with shared memory) The parent's fixed loop on the runners' cores, right before batch b, both
-        runners stopped (clock.steady_pairs); every loop the device has timed sets its steady speed."""
+        runners stopped: a diagnostic of the host's slow spells (clock.host_note); every loop the device
+        has timed sets its steady time."""
         if self.cpus:
             b.host = host_loop(self.cpus)
             if b.host is not None:
                 self.dev.host_loops.append(b.host)
-
-    def _steady_host(self) -> float | None:
-        return clock.steady_host(list(self.dev.host_loops)) if self.ev.device == "cuda" and self.rr else None
-
-    def _counted(self, refs: list, cands: list, fixed: float, n_ref: int) -> tuple[clock.Figures | None, bool]:
-        """(figures, whether only the host's steady pairs count): they do where either side's calls slow with
-        the host (clock.slows_with_host: the reference's batches of this device's timings, the candidate's
-        of this one)."""
-        level = self._steady_host()
-        ref = list(self.dev.ref_spells) + self._spells(refs[1:], n_ref)
-        cand = self._spells(cands[1:], cands[-1].n)
-        if level is None or not any(clock.slows_with_host(s, level) for s in (ref, cand)):
-            return clock.figures(refs, cands, fixed=fixed), False
-        return clock.figures(refs, cands, fixed=fixed, steady_host=level), True
-
-    @staticmethod
-    def _spells(batches: list, n: int) -> list[tuple[float | None, float]]:
-        return [(b.host, b.calls / b.n) for b in batches if b.n == n and b.fixed is None]
-
-    def _host_spells(self, f: clock.Figures | None, refs: list, cands: list, fixed: float,
-                     n_ref: int) -> clock.Figures | None:
-        """The figures to keep once the timing is over: where only steady pairs count and too few did (the
-        host was slow for the whole wait), every pair's, said to be a slow spell's. The reference's batches
-        join the device's record of how its calls follow the host."""
-        level = self._steady_host()
-        f, steady_only = self._counted(refs, cands, fixed, n_ref)
-        self.dev.ref_spells.extend(self._spells(refs[1:], n_ref))
-        self.details["host_loop_steady_ms"] = round(level * 1e3, 4) if level is not None else None
-        self.details["host_steady_pairs"] = [sum(i >= 1 for i in clock.steady_pairs(refs, cands, level)),
-                                             max(0, len(cands) - 1)]   # pair 0: the warm-up
-        self.details["host_bound"] = steady_only
-        if not steady_only or (f is not None and f.pairs >= min(self.opts.min_pairs, self.opts.max_pairs)):
-            return f
-        everything = clock.figures(refs, cands, fixed=fixed)
-        if everything is not None and (f is None or everything.pairs > f.pairs):
-            self.details["host_slow_spell"] = True
-            return everything
-        return f
 
     def _clock(self, pid: int):
         """What a batch's steps are timed by: this process's clock on a GPU; on the CPU the worker's own CPU

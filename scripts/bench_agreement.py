@@ -11,12 +11,7 @@ with code written here, sharing none with the evaluator, by the evaluator's defi
     hooks called by its forward, as the evaluator's runners call it), one synchronise,
     per call, the side's last batch's outputs freed first inside the window, as the runners free theirs; n = the evaluator's calls per batch on that side; batches alternate reference, candidate, reference ...
     (BATCHES of each), with every thread of this process on one core (CUDA's too, as in the evaluator's
-    runner); the medians per side, and the median of the paired ratios. On a GPU, only the pairs whose
-    reference and candidate batches (not the next reference batch) began with the host at its steady
-    speed count: a fixed loop of Python timed on
-    that core before each batch took at most 25% longer than the fastest tenth of those loops and of
-    2,000 timed first (alternating past BATCHES pairs until 12 are steady, up to four times as many;
-    where fewer than five are, all count).
+    runner); the medians per side, and the median of the paired ratios.
 
 On a GPU the clock is the host's monotonic clock; on the CPU (--device cpu: the candidate is the reference
 renamed ModelNew) this process's CPU time, as the evaluator reads its workers'. It prints, and writes to
@@ -56,7 +51,7 @@ KERNELS = os.path.join(ROOT, "tests", "kernels")
 GPU_PROBLEMS = {"softmax@v0": "softmax_v0", "mean@v0": "mean_v0", "maxpool@v0": "maxpool_v0",
                 "conv_groupnorm": "conv_groupnorm_fused"}
 CPU_PROBLEMS = ("softmax@v0", "mean@v0", "maxpool@v0", "conv_groupnorm_small")
-BATCHES = 25        # per side, alternated; the first pair is a warm-up
+BATCHES = 15        # per side, alternated; the first pair is a warm-up
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}  # as the workers
 
 
@@ -207,52 +202,22 @@ def alternate(ref_model, cand_model, ref_ns: dict, n: int, device: str,
     n_ref, if given) on fresh inputs, alternated, the first pair a warm-up; medians, and the median of the
     ratios of neighbouring batches."""
     n_ref = n if n_ref is None else n_ref
-    ref, cand, ref_host, cand_host = [], [], [], []
+    ref, cand = [], []
     held_ref: list = []   # each side's last batch's outputs, freed inside its next batch
     held_cand: list = []
     cores = one_core()   # after CUDA's threads exist: all of them, as the runner's
-    calibration = [host_loop_s() for _ in range(2000)] if device == "cuda" else []
-
-    def steady() -> list[int]:
-        loops = sorted(calibration + ref_host + cand_host)
-        limit = 1.25 * loops[len(loops) // 10]
-        return [i for i in range(1, len(cand)) if max(ref_host[i], cand_host[i]) <= limit]
-
     try:
         with torch.no_grad():
-            ref_host.append(host_loop_s())
-            ref.append(batch_ms(ref_model, ref_ns, n_ref, device, seed=0, held=held_ref))
-            k = 0
-            # On a GPU, past `batches` pairs while fewer than 12 were steady (up to four times as many).
-            while k < batches or (device == "cuda" and len(steady()) < 12 and k < 4 * batches):
-                cand_host.append(host_loop_s())
+            for k in range(batches):
+                ref.append(batch_ms(ref_model, ref_ns, n_ref, device, seed=2 * k, held=held_ref))
                 cand.append(batch_ms(cand_model, ref_ns, n, device, seed=2 * k + 1, held=held_cand))
-                ref_host.append(host_loop_s())
-                ref.append(batch_ms(ref_model, ref_ns, n_ref, device, seed=2 * k + 2, held=held_ref))
-                k += 1
+            ref.append(batch_ms(ref_model, ref_ns, n_ref, device, seed=2 * batches, held=held_ref))
             held_ref.clear()
             held_cand.clear()
     finally:   # the next problem's Evaluator inherits this process's cores (on one: its fixed cost read 9x)
         set_cores(cores)
-    pairs = list(range(1, len(cand)))
-    if device == "cuda" and len(steady()) >= 5:
-        pairs = steady()
-    ratios = [(ref[i] + ref[i + 1]) / 2 / cand[i] for i in pairs]
-    refs_kept = sorted({j for i in pairs for j in (i, i + 1)})
-    return (statistics.median(ref[j] for j in refs_kept), statistics.median(cand[i] for i in pairs),
-            statistics.median(ratios))
-
-
-def host_loop_s() -> float:
-    """Seconds for a fixed loop of Python on this process's core, the best of three."""
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        acc = 0
-        for j in range(3000):
-            acc += j
-        times.append(time.perf_counter() - t)
-    return min(times)
+    ratios = [(ref[i] + ref[i + 1]) / 2 / cand[i] for i in range(1, batches)]
+    return statistics.median(ref[1:]), statistics.median(cand[1:]), statistics.median(ratios)
 
 
 def batch_ms(model, ref_ns: dict, n: int, device: str, seed: int, held: list | None = None) -> float:

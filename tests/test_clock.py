@@ -283,50 +283,11 @@ def test_a_fixed_costs_spread_tells_steady_pairs_from_disturbed_ones():
 
 # ------------------------------------------------------------------ the host's slow spells (GPU)
 
-def _spelled(side: str, calls: list[float], loops: list[float | None], n: int = 10) -> list[Batch]:
-    return [Batch(side, n, calls=c, host=h) for c, h in zip(calls, loops)]
-
-
 FAST, SLOW = 80e-6, 140e-6   # host loops seen on an H100's virtual machine in its fast and slow spells
 
 
-def test_a_pair_counts_only_when_its_two_batches_began_in_a_steady_spell():
-    refs = _spelled("ref", [0.15] * 6, [FAST, FAST, SLOW, FAST, None, SLOW])
-    cands = _spelled("cand", [0.12] * 5, [FAST, FAST, FAST, SLOW, FAST])
-    # pair 2: r2 slow; pair 3: c3; pair 4: r4 untimed (counts as steady). Pairs 1 and 4 count though r2
-    # and r5 were slow: that loop comes after c_i, when the candidate knows how c_i went.
-    assert clock.steady_pairs(refs, cands, FAST) == [0, 1, 4]
-    assert clock.steady_pairs(refs, cands, None) == [0, 1, 2, 3, 4]
-    edge = FAST * (1 + clock.HOST_SLACK)
-    assert clock.steady_pairs(_spelled("ref", [0.1] * 2, [edge, edge]), _spelled("cand", [0.1], [edge]), FAST) == [0]
-
-
-def test_a_launch_bound_candidate_reads_its_steady_spells_speedup():
-    """mean@v0 on an H100's VM: 1.27x in fast spells, 1.03x in slow ones (the candidate is bound by its
-    launches, the reference by its GPU time): with the steady level, the slow spells' pairs do not count."""
-    loops = [FAST, SLOW, SLOW, FAST, FAST, SLOW, SLOW, SLOW, FAST, FAST, FAST, SLOW, SLOW, SLOW, SLOW, SLOW, SLOW,
-             SLOW, SLOW, SLOW, SLOW, SLOW]   # pair i is steady where loop i is (r_i's and c_i's)
-    refs = _spelled("ref", [0.0153 if h == SLOW else 0.0139 for h in loops], loops, n=1)
-    cand_loops = loops[:-1]
-    cands = _spelled("cand", [0.0148 if h == SLOW else 0.0109 for h in cand_loops], cand_loops, n=1)
-    steady = clock.figures(refs, cands, steady_host=FAST)
-    assert math.isclose(steady.speedup, 0.0139 / 0.0109, rel_tol=1e-9) and steady.pairs == 5   # 3, 4, 8, 9, 10
-    assert math.isclose(steady.runtime_ms, 10.9) and math.isclose(steady.baseline_ms, 13.9)
-    assert clock.figures(refs, cands).speedup < 1.1   # every pair: the slow spells decide it
-
-
-def test_a_side_slows_with_the_host_only_beyond_the_bound():
-    flat = [(FAST, 1.0)] * 3 + [(SLOW, 1.0 + clock.HOST_BOUND / 2)] * 3
-    bound = [(FAST, 1.0)] * 3 + [(SLOW, 1.0 + 2 * clock.HOST_BOUND)] * 3
-    assert clock.slows_with_host(flat, FAST) is False
-    assert clock.slows_with_host(bound, FAST) is True
-    assert clock.slows_with_host(bound[:5], FAST) is None   # two slow batches: not known yet
-    assert clock.slows_with_host(bound + [(None, 9.0)] * 3, FAST) is True   # untimed batches say nothing
-    assert clock.slows_with_host(bound, None) is None
-
-
 @given(st.lists(st.one_of(st.none(), st.floats(min_value=1e-6, max_value=1e-2)), max_size=60))
-def test_the_steady_level_is_a_low_loop_and_ignores_untimed_ones(loops):
+def test_the_steady_loop_is_a_low_one_and_ignores_untimed_ones(loops):
     level = clock.steady_host(loops + [math.nan])
     timed = sorted(x for x in loops if x is not None)
     if not timed:
@@ -335,21 +296,13 @@ def test_the_steady_level_is_a_low_loop_and_ignores_untimed_ones(loops):
         assert level in timed and level <= timed[len(timed) // 2]
 
 
-@given(st.lists(st.floats(min_value=0.001, max_value=0.1), min_size=7, max_size=21),
-       st.lists(st.sampled_from([FAST, SLOW, None]), min_size=21, max_size=21), st.integers(0, 20))
-def test_a_slower_host_loop_only_ever_drops_pairs(calls, loops, slowed):
-    """What a stopped candidate could do to the parent's loop (make it slower) never adds a pair, and with
-    every loop steady nothing changes."""
-    k = (len(calls) - 1) // 2
-    refs = _spelled("ref", calls[:k + 1], loops[:k + 1])
-    cands = _spelled("cand", calls[k + 1:2 * k + 1], loops[k + 1:2 * k + 1])
-    before = set(clock.steady_pairs(refs, cands, FAST))
-    batch = (refs + cands)[slowed % (len(refs) + len(cands))]
-    batch.host = SLOW
-    assert set(clock.steady_pairs(refs, cands, FAST)) <= before
-    for b in refs + cands:
-        b.host = FAST
-    assert clock.figures(refs, cands, steady_host=FAST) == clock.figures(refs, cands)
+def test_the_host_note_gives_each_sides_share_of_batches_begun_in_a_slow_spell():
+    edge = FAST * (1 + clock.HOST_SLACK)
+    batches = [Batch("ref", 1, host=h) for h in (FAST, SLOW, edge, None)] + \
+        [Batch("cand", 1, host=h) for h in (SLOW, SLOW, FAST, FAST)]
+    note = clock.host_note(batches, FAST)
+    assert note == {"host_loop_steady_ms": 0.08, "host_slow_share": {"reference": 0.333, "candidate": 0.5}}
+    assert clock.host_note(batches, None)["host_slow_share"] == {"reference": None, "candidate": None}
 
 
 def test_the_host_loop_runs_on_the_runners_cores_and_leaves_this_threads_affinity_as_it_was():
