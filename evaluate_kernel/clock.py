@@ -53,8 +53,8 @@ is the median of the ratios, with a distribution-free 95% interval from their or
 runtime and baseline are the medians of the per-call costs. Pair 0 is a warm-up and does not count.
 
 On a GPU each batch also carries the time of a loop of the parent's own, run on the runners' core just
-before it (Batch.host): a diagnostic of the host's slow spells, which every pair still counts through
-(host_note; DESIGN.md, "The host's slow spells").
+before it (Batch.host): a diagnostic of the host's slow spells (host_note; DESIGN.md, "The host's slow
+spells"). Every pair still counts, slow spells or not.
 """
 from __future__ import annotations
 
