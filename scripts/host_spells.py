@@ -1,4 +1,5 @@
-"""Are the host's slow spells one core's or the whole machine's? (DESIGN.md, "The host's slow spells")
+"""Are the host's slow spells one core's or the whole machine's? (DESIGN.md, "The host's slow spells";
+BENCHMARKS.md records what it finds on a GPU machine)
 
 On the H100 machines lent here a loop of Python on one core took 76-97 us for seconds at a time and then
 115-230 us, and launch-bound calls followed it. The evaluator's loop (timing.host_loop) runs on the core
