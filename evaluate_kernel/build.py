@@ -231,6 +231,31 @@ def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ce._check_and_build_extension_h_precompiler_headers(cflags, None)
 
+def pch_state(env: dict[str, str]) -> str:
+    """(The parent, without importing torch.) What torch's precompiled extension.h is now: its signature
+    (the command it was built by), the header's size and time, torch's version file and the compiler the
+    environment names; "" when there is none. The parent remembers the state it last saw torch's check
+    pass, so that a fresh Evaluator need not import torch (seconds) to learn the header is current; any
+    change (torch upgraded, the header rebuilt or touched, another compiler) makes the check run again."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if not spec or not spec.origin:
+        return ""
+    root = os.path.dirname(spec.origin)
+    inc = os.path.join(root, "include", "torch")
+    try:
+        st = os.stat(os.path.join(inc, "extension.h.gch"))
+        with open(os.path.join(inc, "extension.h.sign"), "rb") as f:
+            sign = f.read()
+        with open(os.path.join(root, "version.py"), "rb") as f:
+            version = f.read()
+    except OSError:
+        return ""
+    parts = [root, hashlib.sha256(sign).hexdigest(), f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}",
+             hashlib.sha256(version).hexdigest(), env.get("CXX", ""), env.get("PATH", "")]
+    return json.dumps(parts)
+
+
 def _pch_writable() -> bool:
     import importlib.util
     spec = importlib.util.find_spec("torch")

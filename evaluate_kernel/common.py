@@ -340,7 +340,7 @@ class Options:
     drain_s: float = 5.0  # the GPU must be idle this soon after the candidate's batch ends
     gpu_shared: bool = True  # a GPU runner's inputs and outputs in device memory the reference worker
     # shares (vmm.py), where the machine allows it; False: the runner draws and digests them (batches.py)
-    eager_baseline: bool = True  # measure each device's baseline at start, before any candidate is built
+    eager_baseline: bool = True  # measure each device's baseline at start (GPU, pinned: beside the first build)
     max_speedup: float = 10.0  # above this a speedup is flagged, not rejected
     allow_tf32: bool = False
     cpu_threads: int = 1

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from . import evaluation
-from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, trim_compiler_output
+from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, pch_state, trim_compiler_output
 from .common import EvalResult, EvaluatorError, Options, lock_path, open_lock, scrubbed_env, source_hash
 from .device import Device, _cuda_count, physical_cores
 from .forkserver import ForkServer
@@ -152,13 +152,19 @@ class Evaluator:
         for dev in self.devices:   # the reference is timed in a runner of its own (host_batches.py)
             if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()
-        # Before any candidate exists: nothing it started can slow the baseline. (Measured in the background
-        # while the first candidate built, the first verdict came later, not sooner: DESIGN.md.)
+        # The baseline. On a GPU whose runners have cores of their own it is measured in the background, so
+        # that a first candidate's build (on other cores, no GPU) goes on meanwhile; its timing waits for
+        # the baseline (the device's lock). Otherwise, and before the first build: builds would share the
+        # runners' cores. (DESIGN.md, "Where builders and runners come from".)
         if self.opts.eager_baseline:
-            if device == "cuda" and not self.pinned and self._pch_ready is not None:
-                self._pch_ready.result()   # nor our header's build, on cores the runners share
-            for dev in self.devices:
-                self._baseline(dev)
+            if device == "cuda" and self.pinned:
+                for dev in self.devices:
+                    self.helpers.submit(self._baseline, dev)   # a failure is raised again by evaluate()
+            else:
+                if device == "cuda" and self._pch_ready is not None:
+                    self._pch_ready.result()   # nor our header's build, on cores the runners share
+                for dev in self.devices:
+                    self._baseline(dev)
 
     # ---------------------------------------------------------------- public API
     def evaluate(self, candidate_src: str) -> EvalResult:
@@ -169,6 +175,7 @@ class Evaluator:
             raise EvaluatorError("the evaluator is closed")
         h = source_hash(candidate_src)
         details: dict = {"source_hash": h[:16], "flags": []}
+        _caches(self.cache_dir)   # the cache's directories as we mean them, whatever the last candidate left
         verdict = screen(candidate_src)
         if verdict.status != "ok":
             return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
@@ -359,15 +366,30 @@ class Evaluator:
         cfg = self.build_config()
         if not cfg["use_pch"]:
             return "off"
+        env = self.env(CUDA_VISIBLE_DEVICES="")
+        seen = os.path.join(self._key_dir, "pch-current")   # hidden from candidates, as the key is
+        state = pch_state(env)
+        if state and read_plain(seen, 1 << 16) == state.encode():
+            return "ready"   # as torch's check last left it: that check imports torch, seconds of a first build
         script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
                   "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
         try:
             proc = subprocess.run([sys.executable, "-c", script, self._code.import_dir, cfg["pch_lock"]],
-                                  env=self.env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
-                                  timeout=self.opts.build_timeout_s)
+                                  env=env, capture_output=True, text=True, timeout=self.opts.build_timeout_s)
         except subprocess.TimeoutExpired:
             return "timed out"
-        return "ready" if proc.returncode == 0 else "failed: " + proc.stderr.strip()[-300:]
+        if proc.returncode != 0:
+            return "failed: " + proc.stderr.strip()[-300:]
+        state = pch_state(env)
+        if state:
+            try:
+                os.makedirs(self._key_dir, mode=0o700, exist_ok=True)
+                with open(seen + ".tmp", "w") as f:
+                    f.write(state)
+                os.replace(seen + ".tmp", seen)
+            except OSError:
+                pass
+        return "ready"
 
     def _spawn_builder(self) -> Worker:
         # Builds never see a GPU (no device node in their namespace; the variable is for a builder without
@@ -611,7 +633,9 @@ def _caches(root: str) -> dict[str, str]:
     caches = {name: os.path.join(root, sub) for name, sub in (
         ("CUDA_CACHE_PATH", "nv"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
         ("XDG_CACHE_HOME", "xdg"), ("TMPDIR", "tmp"))}
-    own_dir(caches["TMPDIR"])
+    own_dir(root)   # each as the parent means it, whatever a worker made of it (sandbox.own_dir)
+    for path in caches.values():
+        own_dir(path)
     return caches
 
 

@@ -220,11 +220,25 @@ def _open_plain(path: str):
 
 
 def own_dir(path: str) -> None:
-    """A directory at path, made if missing; a file, link or FIFO a candidate put in its place is set aside
-    first (a plain file at cache/ext made every later evaluation raise)."""
+    """A directory at path, made if missing, ours, and open to us alone or as its owner left it less the
+    write bits of others; a file, link or FIFO a candidate put in its place is set aside first (a plain
+    file at cache/ext made every later evaluation raise). A candidate may have made the directory itself,
+    with a mode that keeps every later worker (root, without the capability that overrides modes) out."""
     if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
         os.replace(path, f"{path}.not-a-directory-{secrets.token_hex(4)}")
     os.makedirs(path, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()) and os.geteuid() == 0:
+            os.fchown(fd, 0, os.getegid())
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o700 != 0o700 or mode & 0o022 or mode & 0o7000:
+            os.fchmod(fd, (mode | 0o700) & 0o755)
+    except OSError:
+        pass   # not ours to change (a cache shared with us): as it was before
+    finally:
+        os.close(fd)
 
 
 def write_under(top: str, parts: list[str], name: str, data: bytes) -> None:

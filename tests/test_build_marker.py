@@ -335,3 +335,60 @@ def test_the_namespace_hides_the_key_directory(tmp_path):
 def test_the_key_directory_may_not_hide_the_cache(tmp_path):
     with pytest.raises(ValueError, match="key_dir"):
         ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path / "cache"), key_dir=str(tmp_path))
+
+
+# ------------------------------------------------------------------- torch's precompiled header, checked once
+def _fake_torch(tmp_path: Path, monkeypatch) -> Path:
+    import importlib.util
+    root = tmp_path / "torch"
+    (root / "include" / "torch").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "version.py").write_text("__version__ = '9.9'\n")
+    (root / "include" / "torch" / "extension.h.gch").write_bytes(b"gch")
+    (root / "include" / "torch" / "extension.h.sign").write_text("g++_-x_c++-header")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: importlib.machinery.ModuleSpec("torch", None, origin=str(root / "__init__.py"))
+                        if name == "torch" else real(name, *a))
+    return root
+
+
+def test_the_header_s_state_changes_with_whatever_torch_s_check_reads(tmp_path, monkeypatch):
+    from evaluate_kernel.build import pch_state
+    root = _fake_torch(tmp_path, monkeypatch)
+    inc = root / "include" / "torch"
+    env = {"PATH": "/usr/bin"}
+    first = pch_state(env)
+    assert first and pch_state(dict(env)) == first
+    assert pch_state(dict(env, CXX="clang++")) != first
+    assert pch_state(dict(env, PATH="/opt/gcc/bin")) != first
+    (inc / "extension.h.sign").write_text("g++_-x_c++-header_-O3")
+    signed = pch_state(env)
+    assert signed != first
+    os.utime(inc / "extension.h.gch", ns=(1, 1))   # rebuilt or touched
+    assert pch_state(env) != signed
+    touched = pch_state(env)
+    (root / "version.py").write_text("__version__ = '10.0'\n")
+    assert pch_state(env) != touched
+    (inc / "extension.h.gch").unlink()
+    assert pch_state(env) == ""
+
+
+@pytest.mark.skipif(bool(NAMESPACE), reason=f"no namespace here: {NAMESPACE}")
+def test_a_fresh_evaluator_skips_torch_s_header_check_while_the_header_is_as_it_last_passed(tmp_path, monkeypatch):
+    """The check imports torch in a new process (seconds, ahead of a first build): it runs once, then again
+    only when the header's state differs from the one it left; the state is kept where candidates cannot
+    write it (the key directory, hidden by the namespace)."""
+    from evaluate_kernel import evaluator as ev_mod
+    with _evaluator(tmp_path) as ev:
+        if ev._prepare_pch() == "off":
+            pytest.skip("torch's include directory is not writable here: no precompiled header")
+        seen = tmp_path / "keys" / "pch-current"
+        assert seen.exists()
+        runs = []
+        real_run = ev_mod.subprocess.run
+        monkeypatch.setattr(ev_mod.subprocess, "run", lambda *a, **k: runs.append(a) or real_run(*a, **k))
+        assert ev._prepare_pch() == "ready" and runs == []
+        seen.write_text("[]")   # another header than the one checked
+        assert ev._prepare_pch() == "ready" and len(runs) == 1
+        assert seen.read_text() != "[]"

@@ -694,6 +694,47 @@ def test_links_and_fifos_in_the_work_directory_reach_nothing(ev, tmp_path):
     assert list(target.iterdir()) == []
 
 
+KEEP_OUT = """
+import json, os
+root = os.path.dirname(os.environ["TMPDIR"])
+tmp = os.environ["TMPDIR"]
+seen = {}
+for name, calls in (("chmod", [(os.chmod, root, 0)]), ("chmod_ext", [(os.chmod, os.path.join(root, "ext"), 0)]),
+                    ("chown", [(os.chown, root, 1, 1)]),
+                    ("acl", [(os.setxattr, root, "system.posix_acl_access", bytes(4))]),
+                    ("tmp_replaced", [(os.rename, tmp, tmp + "-gone"), (os.mkdir, tmp, 0)])):
+    try:
+        for call in calls:
+            call[0](*call[1:])
+        seen[name] = "done"
+    except OSError as e:
+        seen[name] = e.errno
+with open(os.path.join(root, "keep-out-report"), "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def test_a_candidate_cannot_keep_later_candidates_out_of_the_cache(tmp_path):
+    """Workers are root without capabilities and root owns the cache: a runner that took every permission
+    off the cache's root once left every later builder and runner unable to enter it. Changing a mode, an
+    owner or an ACL is refused in the namespace; a directory the parent relies on that a candidate made
+    anew, keeping everyone out, is the parent's again at the next evaluation."""
+    with _trust_evaluator(tmp_path) as ev:
+        if ev.isolation != "pid+mount+net namespace":
+            pytest.skip(f"no namespace here: {ev.isolation}")
+        r = ev.evaluate(LINKS.replace("CODE", repr(KEEP_OUT[::-1])))
+        assert r.status == "ok", r.message
+        import json
+        seen = json.loads(Path(ev.cache_dir, "keep-out-report").read_text())
+        assert {k: v for k, v in seen.items() if k != "tmp_replaced"} == dict.fromkeys(
+            ("chmod", "chmod_ext", "chown", "acl"), 1), seen   # EPERM
+        assert seen["tmp_replaced"] == "done"   # a rename and a mkdir are the cache's ordinary use
+        after = ev.evaluate(HONEST)
+        assert after.status == "ok", after.message
+        assert os.stat(ev.cache_dir).st_mode & 0o700 == 0o700
+        assert os.stat(os.path.join(ev.cache_dir, "tmp")).st_mode & 0o700 == 0o700
+
+
 def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
     """Outside a namespace nothing stops a process from putting a directory, a FIFO or a link where a
     lock file was: the evaluator sets it aside and locks a plain file, instead of raising or hanging."""

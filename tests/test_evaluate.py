@@ -680,6 +680,24 @@ def test_gpu_pytorch_candidate_near_one_and_no_false_flags(gpu_results):
 
 
 @pytest.mark.gpu
+def test_gpu_the_baseline_is_measured_beside_the_first_build(tmp_path):
+    """With cores of their own for the runners, the constructor returns once the workers are up; the
+    baseline is measured in the background (a first build goes on meanwhile), and the first timing waits
+    for it."""
+    t0 = time.monotonic()
+    with ek.Evaluator(GPU_REF, device="cuda", cache_dir=str(tmp_path)) as e:
+        started = time.monotonic() - t0
+        if not e.pinned:
+            pytest.skip("the runners have no cores of their own here: the baseline is measured first")
+        dev = e.devices[0]
+        assert dev.baseline is None, f"measured before the constructor returned ({started:.1f} s)"
+        r = e.evaluate(cuda_candidate("first_build", "out[idx]"))
+        assert r.status == "ok", r.message
+        assert dev.baseline is not None and r.details["baseline_start_ms"] == dev.baseline["baseline_ms"]
+        assert 0.9 < e.baseline_info()["self_check"] < 1.1
+
+
+@pytest.mark.gpu
 def test_gpu_inputs_drawn_on_the_cpu_option(tmp_path):
     """inputs_on_device=False draws get_inputs() on the CPU in both the runner and the reference worker."""
     with ek.Evaluator(GPU_REF, device="cuda", cache_dir=str(tmp_path), inputs_on_device=False,
