@@ -227,7 +227,10 @@ def own_dir(path: str) -> None:
     if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
         os.replace(path, f"{path}.not-a-directory-{secrets.token_hex(4)}")
     os.makedirs(path, mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:   # a link put there since, by a candidate building beside us: set aside next time
+        return
     try:
         st = os.fstat(fd)
         if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()) and os.geteuid() == 0:

@@ -274,7 +274,7 @@ def main() -> int:
             first_s = time.perf_counter() - t_start
             base = ev.baseline_ms(0)
             info = ev.baseline_info(0)
-            add("Evaluator start (reference worker, spares, baseline)",
+            add("Evaluator start (the constructor; on a GPU with cores for the runners the baseline comes after it)",
                 f"{started_s:.1f} s; reference {base:.3f} ms per call; self-check (the reference timed as a "
                 f"candidate) {info.get('self_check', float('nan')):.4f}x")
             add("cold evaluation (fresh cache)", f"{cold_wall:.1f} s wall ({split(cold, cache)}); status {cold.status}, "

@@ -392,3 +392,24 @@ def test_a_fresh_evaluator_skips_torch_s_header_check_while_the_header_is_as_it_
         seen.write_text("[]")   # another header than the one checked
         assert ev._prepare_pch() == "ready" and len(runs) == 1
         assert seen.read_text() != "[]"
+
+
+def test_a_directory_the_parent_relies_on_is_made_its_own_again(tmp_path):
+    """A candidate may make, in place of a directory the parent uses, one that keeps every later worker out
+    (mode 000: root without the capability that overrides modes cannot enter it), or one others may write."""
+    shut = tmp_path / "tmp"
+    shut.mkdir(mode=0)
+    os.chmod(shut, 0)
+    eval_sandbox.own_dir(str(shut))
+    assert shut.stat().st_mode & 0o777 == 0o700
+    open_ = tmp_path / "nv"
+    open_.mkdir()
+    os.chmod(open_, 0o3777)
+    eval_sandbox.own_dir(str(open_))
+    assert open_.stat().st_mode & 0o7777 == 0o755
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "xdg").symlink_to(target)
+    eval_sandbox.own_dir(str(tmp_path / "xdg"))
+    assert (tmp_path / "xdg").is_dir() and not (tmp_path / "xdg").is_symlink()
+    assert target.stat().st_mode & 0o777 != 0 and list(target.iterdir()) == []
