@@ -76,8 +76,8 @@ import or in the constructor); parameters folded into constants at construction 
 trial); an output buffer reused across calls (every timed call's output is kept and may be checked). Not measured: energy, memory footprint as a score, clock locking (the
 GPU runs at its own clocks; pairs cancel drift).
 
-Files, by role. Parent side: evaluator.py (Evaluator, evaluate), evaluation.py (one evaluation: the
-conversation with a runner), timing.py (its timing, batch by batch), verdict.py (what was measured, as
+Files, by role. Parent side: evaluator.py (Evaluator, evaluate), builds.py (builders, the build cache's
+trust, torch's header), evaluation.py (one evaluation: the conversation with a runner), timing.py (its timing, batch by batch), verdict.py (what was measured, as
 an EvalResult), clock.py (pure: the speedup from the phases), device.py (a device slot: reference worker,
 spares, regions, locks), sandbox.py (private code copy and roots, process sweep, build seal),
 namespace.py (the namespace's policy), forkserver.py (workers forked from a process with torch

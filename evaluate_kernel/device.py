@@ -235,7 +235,7 @@ class Device:
         spec = {"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False,
                 "on_device": ev.opts.inputs_on_device}
         w.send(ev.job("run", mode="baseline", candidate_src=None, device=ev.torch_device(), trials=[spec],
-                      build=ev.build_config(), poison_bytes=ev.opts.poison_bytes, env=ev.extension_env("baseline"),
+                      build=ev.builds.config(), poison_bytes=ev.opts.poison_bytes, env=ev.builds.extension_env("baseline"),
                       cpus=ev.runner_cpus(self), on_device=ev.opts.inputs_on_device, no_processes=True,
                       work_dir=w.work_dir, arena={"fd": w.arena[0], "size": w.arena[1]} if w.arena else None,
                       region=self.region_job(w) if w.region else None))

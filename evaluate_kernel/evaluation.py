@@ -56,7 +56,7 @@ class Evaluation(Timing):
         self.specs = trial_specs(self.opts) if src is not None else [_own_spec(self.opts)]
         self.cpus = ev.runner_cpus(dev)
         self.job = ev.job("run", mode=self.mode, candidate_src=src, device=ev.torch_device(), trials=self.specs,
-                          build=ev.build_config(), poison_bytes=self.opts.poison_bytes, env=ev.extension_env(source_hash),
+                          build=ev.builds.config(), poison_bytes=self.opts.poison_bytes, env=ev.builds.extension_env(source_hash),
                           cpus=self.cpus, ref_names=dev.info.get("ref_names"), ref_shapes=dev.info.get("ref_shapes"),
                           on_device=self.opts.inputs_on_device, no_processes=ev.device != "cuda")
         self.phases: dict = {}

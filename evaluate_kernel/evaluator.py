@@ -3,7 +3,7 @@ PyTorch reference, on one or more devices, and returns an EvalResult per candida
 
 Public flow, Evaluator.evaluate():
 
-    screen (screen.py) -> build (a builder worker, no GPU) -> Evaluation(...).run() (evaluation.py: trials,
+    screen (screen.py) -> build (builds.py: a builder worker, no GPU) -> Evaluation(...).run() (evaluation.py: trials,
     timing by this process's clock, verification) -> the evaluator's own checks (its code unchanged, its
     reference worker alive) -> physical checks
 
@@ -13,11 +13,7 @@ a device slot or an evaluation needs from the Evaluator is a public method below
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
-import secrets
-import shutil
-import subprocess
 import site
 import sys
 import threading
@@ -26,15 +22,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from . import evaluation
-from .build import FULL_HEADER_RETRY, _pch_writable, arch_list_for, pch_state, trim_compiler_output
-from .common import EvalResult, EvaluatorError, Options, lock_path, open_lock, scrubbed_env, source_hash
+from .builds import Builds
+from .build import arch_list_for
+from .common import EvalResult, EvaluatorError, Options, lock_path, scrubbed_env, source_hash
 from .device import Device, _cuda_count, physical_cores
 from .forkserver import ForkServer
 from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
 from .protocol import Worker, _preexec
-from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, library_digest, own_dir,
-                      private_root, python_dirs, read_plain, remove_tree, sweep_private_roots, write_under)
+from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, own_dir, private_root, python_dirs,
+                      remove_tree, sweep_private_roots)
 from .screen import screen
 from .verdict import physical_checks
 
@@ -117,17 +114,10 @@ class Evaluator:
             forget_key(self._key_dir)
         self.isolation = f"none: {problem}" if problem else "pid+mount+net namespace"
         self._tamper_events, self._tamper_note = 0, ""
-        self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
         self._code_lock = threading.Lock()
-        cores = os.cpu_count() or 2
-        # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
-        # several builds side by side, so builds overlap with timing and with each other.
-        self._max_jobs = self.opts.max_jobs or 2
-        self._build_sem = threading.BoundedSemaphore(self.opts.build_workers or max(2, cores // 2))
-        self._build_locks: dict[str, threading.Lock] = {}
         self._state_lock = threading.Lock()
         self._closed = False
-        self._spare_builder: Worker | None = None
+        self.builds: Builds | None = None   # made once the device's architecture is known
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
         # Builders and runners are forked from a process that has imported torch (forkserver.py), started
         # now, from the spawner thread it dies with; where it cannot run, they start by exec.
@@ -143,12 +133,13 @@ class Evaluator:
         self._cpu_plan(len(gpus))
         self.devices = [Device(self, i) for i in gpus]
         cap = self.devices[0].info.get("capability")
-        self._arch = arch_list_for(tuple(cap)) if cap else ""
         fast_nvcc = self._code.path("fast_nvcc.py")
-        self._fast_nvcc = fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else ""
+        self.builds = Builds(self, self._seal, self._key_dir, self._code.import_dir,
+                             arch_list_for(tuple(cap)) if cap else "",
+                             fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else "")
         # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
         # trusted process outside it brings the header up to date once, while the baseline is measured.
-        self._pch_ready = self.helpers.submit(self._prepare_pch) if self._namespace else None
+        pch_ready = self.builds.prepare_header(self.helpers) if self._namespace else None
         for dev in self.devices:   # the reference is timed in a runner of its own (host_batches.py)
             if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()
@@ -161,8 +152,8 @@ class Evaluator:
                 for dev in self.devices:
                     self.helpers.submit(self._baseline, dev)   # a failure is raised again by evaluate()
             else:
-                if device == "cuda" and self._pch_ready is not None:
-                    self._pch_ready.result()   # nor our header's build, on cores the runners share
+                if device == "cuda" and pch_ready is not None:
+                    pch_ready.result()   # nor our header's build, on cores the runners share
                 for dev in self.devices:
                     self._baseline(dev)
 
@@ -179,7 +170,7 @@ class Evaluator:
         verdict = screen(candidate_src)
         if verdict.status != "ok":
             return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
-        res = self._build(candidate_src, h, details)
+        res = self.builds.build(candidate_src, h, details)
         if res is not None:
             return self._checked(res)
         dev = self._pick(None)
@@ -196,7 +187,7 @@ class Evaluator:
                 result = EvalResult("rejected", message="rejected: the reference worker died while this "
                                     "candidate ran (stopped or killed from outside; restarted from the checked "
                                     "code copy)", details=details)
-            result = self._tamper_verdict(tampered, result, details)
+            result = self.tamper_verdict(tampered, result, details)
         finally:
             with self._state_lock:
                 dev.pending -= 1
@@ -279,9 +270,8 @@ class Evaluator:
 
     def close(self) -> None:
         self._closed = True
-        builder, self._spare_builder = getattr(self, "_spare_builder", None), None
-        if builder is not None:
-            builder.discard()
+        if getattr(self, "builds", None) is not None:
+            self.builds.discard_spare()
         for dev in getattr(self, "devices", []):
             dev.shutdown()
         for pool in (getattr(self, "_spawner", None), getattr(self, "helpers", None)):
@@ -334,68 +324,6 @@ class Evaluator:
                    cpu_threads=self.opts.cpu_threads)
         job.update(kw)
         return job
-
-    def build_config(self) -> dict:
-        return {"cflags": [], "cuda_cflags": [], "use_pch": self.opts.use_pch and _pch_writable(),
-                "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
-                "light_headers": self.opts.light_headers, "nvcc": self._fast_nvcc}
-
-    def extension_env(self, h: str) -> dict[str, str]:
-        # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
-        extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.cache_dir, "ext", h[:16]),
-                 "MAX_JOBS": str(self._max_jobs)}
-        if self._arch:
-            extra["TORCH_CUDA_ARCH_LIST"] = self._arch
-        return extra
-
-    def _take_builder(self) -> Worker:
-        """A build process with torch already imported (the next one starts now); per-source settings
-        (build directory, arch list) travel in the job."""
-        with self._state_lock:
-            w, self._spare_builder = self._spare_builder, None
-            if self.opts.warm_runners and not self._closed:
-                self._spare_builder = self._spawn_builder()
-        if w is None or w.proc.poll() is not None:
-            if w is not None:
-                w.discard()
-            w = self._spawn_builder()
-        return w
-
-    def _prepare_pch(self) -> str:
-        """Builds torch's precompiled extension.h outside the namespace (builders only find it there)."""
-        cfg = self.build_config()
-        if not cfg["use_pch"]:
-            return "off"
-        env = self.env(CUDA_VISIBLE_DEVICES="")
-        seen = os.path.join(self._key_dir, "pch-current")   # hidden from candidates, as the key is
-        state = pch_state(env)
-        if state and read_plain(seen, 1 << 16) == state.encode():
-            return "ready"   # as torch's check last left it: that check imports torch, seconds of a first build
-        script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
-                  "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
-        try:
-            proc = subprocess.run([sys.executable, "-c", script, self._code.import_dir, cfg["pch_lock"]],
-                                  env=env, capture_output=True, text=True, timeout=self.opts.build_timeout_s)
-        except subprocess.TimeoutExpired:
-            return "timed out"
-        if proc.returncode != 0:
-            return "failed: " + proc.stderr.strip()[-300:]
-        state = pch_state(env)
-        if state:
-            try:
-                os.makedirs(self._key_dir, mode=0o700, exist_ok=True)
-                with open(seen + ".tmp", "w") as f:
-                    f.write(state)
-                os.replace(seen + ".tmp", seen)
-            except OSError:
-                pass
-        return "ready"
-
-    def _spawn_builder(self) -> Worker:
-        # Builds never see a GPU (no device node in their namespace; the variable is for a builder without
-        # one): candidate module-level code cannot disturb a timing in progress.
-        return self.spawn_warm(self.env(CUDA_VISIBLE_DEVICES=""),
-                                os.path.join(self.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False)
 
     def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False, forked_ref: bool = False,
                    fd_channel: bool = False, gpu: bool = True) -> Worker:
@@ -468,10 +396,6 @@ class Evaluator:
         except RuntimeError:  # the spawner is shut down: closing
             return start()
 
-    def _wants_pch(self, src: str) -> bool:
-        """A source that builds nothing need not wait for torch's precompiled header."""
-        return "load_inline" in src or "cpp_extension" in src
-
     # ---------------------------------------------------------------- stages
     def _pick(self, gpu: int | None) -> Device:
         with self._state_lock:  # least busy device; ties go to the lowest index
@@ -481,99 +405,6 @@ class Evaluator:
             dev = min(pool, key=lambda d: d.pending)
             dev.pending += 1
             return dev
-
-    def _build(self, src: str, h: str, details: dict) -> EvalResult | None:
-        marker = os.path.join(self.cache_dir, "ext", h[:16], "BUILT")
-        with self._state_lock:
-            lock = self._build_locks.setdefault(h, threading.Lock())
-        own_dir(os.path.join(self.cache_dir, "ext"))
-        # Identical sources build once, even when submitted concurrently: to this Evaluator (the thread lock)
-        # or to others sharing the cache, in this process or another (the file lock beside the build).
-        with lock, open_lock(os.path.join(self.cache_dir, "ext", h[:16] + ".lock"), create=True) as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
-            if os.path.exists(marker):
-                # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says
-                # (another Evaluator built it again meanwhile: its libraries' bytes differ, its seal holds).
-                made = self._built.get(h, "")
-                signed = self._seal.opened(h, (read_plain(marker, 1 << 16) or b"").decode(errors="replace")) \
-                    if self._seal else ""
-                trusted = made or signed
-                if trusted and self._library_digest(h) in (made, signed):
-                    details["compile_s"] = 0.0
-                    details["build_cached"] = True
-                    return None
-                # Another candidate's builder or runner rewrote this build's libraries: build it again.
-                details["build_note"] = (
-                    "the cached build was modified after it was built (tampering); rebuilt" if trusted else
-                    "the cached build's marker has no valid signature (written by an Evaluator without a namespace, "
-                    "with another key, or forged); rebuilt" if self._seal else
-                    "a cached build from another Evaluator is not trusted without a namespace (candidates could "
-                    "forge its marker); rebuilt")
-                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
-            if self._pch_ready is not None and self._wants_pch(src):
-                self._pch_ready.result()
-            with self._build_sem:
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
-                t0 = time.monotonic()
-                tampered = self._tamper_events
-                w = self._take_builder()
-                try:
-                    w.send({"role": "build", "candidate_src": src, "reference_src": self.reference_src,
-                            "build": self.build_config(), "cpus": self.other_cpus, "env": self.extension_env(h)})
-                    msg = w.recv(self.opts.build_timeout_s)
-                except TimeoutError:
-                    return EvalResult("timeout", message=f"build exceeded {self.opts.build_timeout_s:.0f} s",
-                                      details=dict(details, compile_s=time.monotonic() - t0))
-                except EOFError:
-                    return EvalResult("compile_error", message=f"build: {w.death()}; {w.log_tail(600)}",
-                                      details=details)
-                finally:
-                    strays = w.kill()
-                    if strays:
-                        details["stray_processes_killed"] = strays
-                    details["build_wall_s"] = round(time.monotonic() - t0, 3)
-                    # The build's log stays in our log directory: moved into the cache, it went through a
-                    # link the candidate put there (root wrote its text anywhere) or was read through one.
-            bad = self._tamper_verdict(tampered, None, details)
-            if bad is not None:
-                return bad
-            # The builder ran candidate code: every field it sent is checked for its type before use.
-            compile_s = msg.get("compile_s")
-            details["compile_s"] = round(compile_s if isinstance(compile_s, (int, float)) else time.monotonic() - t0, 3)
-            if isinstance(msg.get("headers"), str):
-                details["build_headers"] = msg["headers"]
-            if isinstance(msg.get("light"), dict):
-                details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
-            if msg.get("kind") not in ("built", "compile_error"):
-                return EvalResult("rejected", message=f"rejected: the build process answered "
-                                  f"{str(msg.get('kind'))[:40]!r}, not a build result (forged result)", details=details)
-            if msg["kind"] == "compile_error":
-                # After a failed light-header build only the real header's errors count (they are what
-                # torch's own build of this source would say).
-                log = w.log_tail(200000).rsplit(FULL_HEADER_RETRY, 1)[-1] + "\n" + str(msg.get("error", ""))
-                details["compiler_output"] = log[-20000:]
-                return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
-            if msg.get("deferred_error"):
-                details["build_note"] = str(msg["deferred_error"])[:2000]
-            # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
-            # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
-            self._built[h] = self._library_digest(h)
-            text = self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n"
-            try:   # the cache is the candidates' to write: never through what they left there
-                write_under(self.cache_dir, ["ext", h[:16]], "BUILT", text.encode())
-            except OSError:
-                pass   # no marker: later Evaluators build it again; this one trusts its digest in memory
-            return None
-
-    def _library_digest(self, h: str) -> str:
-        """The digest of a build's directory, if it is still the directory of ours it was: cache/ext and the
-        build's directory under it may have been replaced by links (the cache is the candidates' to
-        write), and a walk through a link to / would hash the machine."""
-        ext = os.path.join(self.cache_dir, "ext")
-        build_dir = os.path.join(ext, h[:16])
-        if os.path.islink(ext) or os.path.islink(build_dir) or not os.path.isdir(build_dir):
-            return "not the build's directory"
-        return library_digest(build_dir)
 
     def _baseline(self, dev: Device) -> dict:
         with self._state_lock:
@@ -610,14 +441,17 @@ class Evaluator:
                 self._tamper_events += 1
                 self._tamper_note = "; ".join(problems)
         if problems:
-            # _take_builder holds the state lock while it spawns (and so calls this): no lock taken here.
-            builder, self._spare_builder = self._spare_builder, None
-            if builder is not None:
-                builder.discard()
+            if self.builds is not None:
+                self.builds.discard_spare()
             for dev in getattr(self, "devices", []):  # spares started since may have read a modified copy
                 dev.close()
 
-    def _tamper_verdict(self, before: int, result: EvalResult | None, details: dict) -> EvalResult | None:
+    @property
+    def tamper_events(self) -> int:
+        """How often the evaluator's code was found changed (a build or an evaluation compares before/after)."""
+        return self._tamper_events
+
+    def tamper_verdict(self, before: int, result: EvalResult | None, details: dict) -> EvalResult | None:
         """A rejection if the evaluator's code changed while this candidate's process ran."""
         self._check_code()
         if self._tamper_events == before:

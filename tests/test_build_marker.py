@@ -379,18 +379,18 @@ def test_a_fresh_evaluator_skips_torch_s_header_check_while_the_header_is_as_it_
     """The check imports torch in a new process (seconds, ahead of a first build): it runs once, then again
     only when the header's state differs from the one it left; the state is kept where candidates cannot
     write it (the key directory, hidden by the namespace)."""
-    from evaluate_kernel import evaluator as ev_mod
+    from evaluate_kernel import builds as ev_mod
     with _evaluator(tmp_path) as ev:
-        if ev._prepare_pch() == "off":
+        if ev.builds.prepare_pch() == "off":
             pytest.skip("torch's include directory is not writable here: no precompiled header")
         seen = tmp_path / "keys" / "pch-current"
         assert seen.exists()
         runs = []
         real_run = ev_mod.subprocess.run
         monkeypatch.setattr(ev_mod.subprocess, "run", lambda *a, **k: runs.append(a) or real_run(*a, **k))
-        assert ev._prepare_pch() == "ready" and runs == []
+        assert ev.builds.prepare_pch() == "ready" and runs == []
         seen.write_text("[]")   # another header than the one checked
-        assert ev._prepare_pch() == "ready" and len(runs) == 1
+        assert ev.builds.prepare_pch() == "ready" and len(runs) == 1
         assert seen.read_text() != "[]"
 
 

@@ -523,12 +523,12 @@ def test_the_builder_scans_the_cu_file_load_inline_writes():
 
 
 def test_build_options_reach_the_builder(ev, tmp_path):
-    cfg = ev.build_config()  # the defaults: light headers and fast_nvcc on
+    cfg = ev.builds.config()  # the defaults: light headers and fast_nvcc on
     assert cfg["light_headers"] is True
     assert cfg["nvcc"].endswith("fast_nvcc.py") and os.path.exists(cfg["nvcc"])
     with ek.Evaluator(REF, device="cpu", cache_dir=str(tmp_path), light_headers=False, fast_nvcc=False,
                       warm_runners=False) as other:
-        assert other.build_config()["light_headers"] is False and other.build_config()["nvcc"] == ""
+        assert other.builds.config()["light_headers"] is False and other.builds.config()["nvcc"] == ""
 
 
 # ------------------------------------------------------------------------------------------ GPU

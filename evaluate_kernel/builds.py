@@ -1,0 +1,223 @@
+"""Parent side of builds: a candidate's extension is built once, by a builder process, and trusted later
+only by its digest.
+
+    builds.build(src, h, details)   # None when the library is ready (built now or cached), else the verdict
+
+A builder is a worker forked in the namespace without a GPU (its candidate code cannot reach the device),
+one per build, the next one started while this one works. Identical sources build once, even submitted at
+once: to this Evaluator (a lock per source) or to others sharing the cache, in this process or another (a
+file lock beside the build). A cached build counts while its libraries' digest is the one this Evaluator
+recorded, or the one a marker signed with the key candidates cannot read (sandbox.BuildSeal) vouches for;
+anything else is rebuilt, and the note says why. torch's precompiled extension.h lives in torch's install
+directory, read-only in the namespace: a process of ours outside it brings it up to date, and the state it
+left is remembered where candidates cannot write (DESIGN.md, "Where builders and runners come from").
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Executor, Future
+
+from .build import FULL_HEADER_RETRY, _pch_writable, pch_state, trim_compiler_output
+from .common import EvalResult, lock_path, open_lock
+from .protocol import Worker
+from .sandbox import BuildSeal, library_digest, own_dir, read_plain, write_under
+
+
+class Builds:
+    """The builds of one Evaluator (`ev`: its cache, options, workers and code checks, through their public
+    names); thread-safe."""
+
+    def __init__(self, ev, seal: BuildSeal | None, key_dir: str, code_dir: str, arch: str, fast_nvcc: str):
+        self.ev, self._seal, self._key_dir, self._code_dir = ev, seal, key_dir, code_dir
+        self._arch, self._fast_nvcc = arch, fast_nvcc
+        cores = os.cpu_count() or 2
+        # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
+        # several builds side by side, so builds overlap with timing and with each other.
+        self._max_jobs = ev.opts.max_jobs or 2
+        self._sem = threading.BoundedSemaphore(ev.opts.build_workers or max(2, cores // 2))
+        self._locks: dict[str, threading.Lock] = {}
+        self._built: dict[str, str] = {}  # source hash -> digest of its built libraries
+        self._lock = threading.Lock()
+        self._spare: Worker | None = None
+        self._pch: Future | None = None
+
+    # ---------------------------------------------------------------- the flow
+    def build(self, src: str, h: str, details: dict) -> EvalResult | None:
+        ev = self.ev
+        marker = os.path.join(ev.cache_dir, "ext", h[:16], "BUILT")
+        with self._lock:
+            lock = self._locks.setdefault(h, threading.Lock())
+        own_dir(os.path.join(ev.cache_dir, "ext"))
+        with lock, open_lock(os.path.join(ev.cache_dir, "ext", h[:16] + ".lock"), create=True) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            if os.path.exists(marker):
+                # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says
+                # (another Evaluator built it again meanwhile: its libraries' bytes differ, its seal holds).
+                made = self._built.get(h, "")
+                signed = self._seal.opened(h, (read_plain(marker, 1 << 16) or b"").decode(errors="replace")) \
+                    if self._seal else ""
+                trusted = made or signed
+                if trusted and self._library_digest(h) in (made, signed):
+                    details["compile_s"] = 0.0
+                    details["build_cached"] = True
+                    return None
+                # Another candidate's builder or runner rewrote this build's libraries: build it again.
+                details["build_note"] = (
+                    "the cached build was modified after it was built (tampering); rebuilt" if trusted else
+                    "the cached build's marker has no valid signature (written by an Evaluator without a namespace, "
+                    "with another key, or forged); rebuilt" if self._seal else
+                    "a cached build from another Evaluator is not trusted without a namespace (candidates could "
+                    "forge its marker); rebuilt")
+                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
+            if self._pch is not None and _wants_pch(src):
+                self._pch.result()
+            with self._sem:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                t0 = time.monotonic()
+                tampered = ev.tamper_events
+                w = self._take_builder()
+                try:
+                    w.send({"role": "build", "candidate_src": src, "reference_src": ev.reference_src,
+                            "build": self.config(), "cpus": ev.other_cpus, "env": self.extension_env(h)})
+                    msg = w.recv(ev.opts.build_timeout_s)
+                except TimeoutError:
+                    return EvalResult("timeout", message=f"build exceeded {ev.opts.build_timeout_s:.0f} s",
+                                      details=dict(details, compile_s=time.monotonic() - t0))
+                except EOFError:
+                    return EvalResult("compile_error", message=f"build: {w.death()}; {w.log_tail(600)}",
+                                      details=details)
+                finally:
+                    strays = w.kill()
+                    if strays:
+                        details["stray_processes_killed"] = strays
+                    details["build_wall_s"] = round(time.monotonic() - t0, 3)
+                    # The build's log stays in our log directory: moved into the cache, it went through a
+                    # link the candidate put there (root wrote its text anywhere) or was read through one.
+            bad = ev.tamper_verdict(tampered, None, details)
+            if bad is not None:
+                return bad
+            # The builder ran candidate code: every field it sent is checked for its type before use.
+            compile_s = msg.get("compile_s")
+            details["compile_s"] = round(compile_s if isinstance(compile_s, (int, float)) else time.monotonic() - t0, 3)
+            if isinstance(msg.get("headers"), str):
+                details["build_headers"] = msg["headers"]
+            if isinstance(msg.get("light"), dict):
+                details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
+            if msg.get("kind") not in ("built", "compile_error"):
+                return EvalResult("rejected", message=f"rejected: the build process answered "
+                                  f"{str(msg.get('kind'))[:40]!r}, not a build result (forged result)", details=details)
+            if msg["kind"] == "compile_error":
+                # After a failed light-header build only the real header's errors count (they are what
+                # torch's own build of this source would say).
+                log = w.log_tail(200000).rsplit(FULL_HEADER_RETRY, 1)[-1] + "\n" + str(msg.get("error", ""))
+                details["compiler_output"] = log[-20000:]
+                return EvalResult("compile_error", message=trim_compiler_output(log, src), details=details)
+            if msg.get("deferred_error"):
+                details["build_note"] = str(msg["deferred_error"])[:2000]
+            # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
+            # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
+            self._built[h] = self._library_digest(h)
+            text = self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n"
+            try:   # the cache is the candidates' to write: never through what they left there
+                write_under(ev.cache_dir, ["ext", h[:16]], "BUILT", text.encode())
+            except OSError:
+                pass   # no marker: later Evaluators build it again; this one trusts its digest in memory
+            return None
+
+    def config(self) -> dict:
+        """How builders (and a runner that must build again) call load_inline: our flags and options."""
+        return {"cflags": [], "cuda_cflags": [], "use_pch": self.ev.opts.use_pch and _pch_writable(),
+                "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
+                "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc}
+
+    def extension_env(self, h: str) -> dict[str, str]:
+        # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
+        extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.ev.cache_dir, "ext", h[:16]),
+                 "MAX_JOBS": str(self._max_jobs)}
+        if self._arch:
+            extra["TORCH_CUDA_ARCH_LIST"] = self._arch
+        return extra
+
+    def prepare_header(self, pool: Executor) -> Future:
+        """torch's precompiled header brought up to date on `pool` (the first build that wants it waits)."""
+        self._pch = pool.submit(self.prepare_pch)
+        return self._pch
+
+    def prepare_pch(self) -> str:
+        """Builds torch's precompiled extension.h outside the namespace (builders only find it there)."""
+        cfg = self.config()
+        if not cfg["use_pch"]:
+            return "off"
+        env = self.ev.env(CUDA_VISIBLE_DEVICES="")
+        seen = os.path.join(self._key_dir, "pch-current")   # hidden from candidates, as the key is
+        state = pch_state(env)
+        if state and read_plain(seen, 1 << 16) == state.encode():
+            return "ready"   # as torch's check last left it: that check imports torch, seconds of a first build
+        script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
+                  "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
+        try:
+            proc = subprocess.run([sys.executable, "-c", script, self._code_dir, cfg["pch_lock"]],
+                                  env=env, capture_output=True, text=True, timeout=self.ev.opts.build_timeout_s)
+        except subprocess.TimeoutExpired:
+            return "timed out"
+        if proc.returncode != 0:
+            return "failed: " + proc.stderr.strip()[-300:]
+        state = pch_state(env)
+        if state:
+            try:
+                os.makedirs(self._key_dir, mode=0o700, exist_ok=True)
+                with open(seen + ".tmp", "w") as f:
+                    f.write(state)
+                os.replace(seen + ".tmp", seen)
+            except OSError:
+                pass
+        return "ready"
+
+    def discard_spare(self) -> None:
+        """(The evaluator's code changed.) The next builder may have read a modified copy. No lock: the
+        spawn in _take_builder, under the lock, is what finds the change."""
+        builder, self._spare = self._spare, None
+        if builder is not None:
+            builder.discard()
+
+    # ---------------------------------------------------------------- helpers
+    def _take_builder(self) -> Worker:
+        """A build process with torch already imported (the next one starts now); per-source settings
+        (build directory, arch list) travel in the job."""
+        with self._lock:
+            w, self._spare = self._spare, None
+            if self.ev.opts.warm_runners and not self.ev.closed:
+                self._spare = self._spawn_builder()
+        if w is None or w.proc.poll() is not None:
+            if w is not None:
+                w.discard()
+            w = self._spawn_builder()
+        return w
+
+    def _spawn_builder(self) -> Worker:
+        # Builds never see a GPU (no device node in their namespace; the variable is for a builder without
+        # one): candidate module-level code cannot disturb a timing in progress.
+        return self.ev.spawn_warm(self.ev.env(CUDA_VISIBLE_DEVICES=""),
+                                  os.path.join(self.ev.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False)
+
+    def _library_digest(self, h: str) -> str:
+        """The digest of a build's directory, if it is still the directory of ours it was: cache/ext and the
+        build's directory under it may have been replaced by links (the cache is the candidates' to
+        write), and a walk through a link to / would hash the machine."""
+        ext = os.path.join(self.ev.cache_dir, "ext")
+        build_dir = os.path.join(ext, h[:16])
+        if os.path.islink(ext) or os.path.islink(build_dir) or not os.path.isdir(build_dir):
+            return "not the build's directory"
+        return library_digest(build_dir)
+
+
+def _wants_pch(src: str) -> bool:
+    """A source that builds nothing need not wait for torch's precompiled header."""
+    return "load_inline" in src or "cpp_extension" in src
