@@ -44,9 +44,10 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   network (a timer, or a paced socket's, fires on the reference's core while the runner is stopped). In
   the namespace every file system but the cache and /dev/shm is read-only to it, /dev holds only null,
   zero, full, random, urandom and the GPU's nodes, and it holds no capability (no remount, no file
-  handles), no keyring and no further namespace; its IPC namespace and session are its own. No worker
-  (builder or runner) may change a file's mode, owner or ACL, and the cache's own directories are made
-  the evaluator's again at each evaluation, so no candidate keeps a later one out of the cache.
+  handles), no keyring and no further namespace; its IPC namespace and session are its own. A builder
+  stays on the cores it was given too (its moves and priority changes do nothing). No worker may change
+  a file's mode, owner or ACL, and the cache's own directories are made the evaluator's again at each
+  evaluation, so no candidate keeps a later one out of the cache.
 - The evaluator's code runs from a private, hash-checked copy; builder and runner start in a PID + mount
   + network namespace where one can be made (code, Python installation read-only; the build-marker key
   hidden; /dev/shm its own), fresh for each candidate, forked from a server that has imported torch;

@@ -160,10 +160,15 @@ class Builds:
         state = pch_state(env)
         if state and read_plain(seen, 1 << 16) == state.encode():
             return "ready"   # as torch's check last left it: that check imports torch, seconds of a first build
-        script = ("import sys; sys.path.append(sys.argv[1]); from evaluate_kernel import build; "
+        # On the cores the runners do not use: it may run beside the baseline (a header built on the runner's
+        # core once put a batch's fixed cost at 7.5 ms instead of 0.8: DESIGN.md).
+        script = ("import os, sys; cpus = [int(c) for c in sys.argv[3].split(',') if c]; "
+                  "cpus and os.sched_setaffinity(0, cpus); sys.path.append(sys.argv[1]); "
+                  "from evaluate_kernel import build; "
                   "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
+        cpus = ",".join(str(c) for c in (self.ev.other_cpus or []))
         try:
-            proc = subprocess.run([sys.executable, "-c", script, self._code_dir, cfg["pch_lock"]],
+            proc = subprocess.run([sys.executable, "-c", script, self._code_dir, cfg["pch_lock"], cpus],
                                   env=env, capture_output=True, text=True, timeout=self.ev.opts.build_timeout_s)
         except subprocess.TimeoutExpired:
             return "timed out"

@@ -53,6 +53,7 @@ _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process call
 # interrupts landed on (twenty-third red team). On the CPU also fork, vfork,
 # execve, execveat (aarch64 has no fork or vfork).
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
+_RET_DONE = 0x00050000   # SECCOMP_RET_ERRNO with 0: the call is skipped and returns 0 (success)
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
 _CLONE_THREAD = 0x00010000
 
@@ -108,6 +109,31 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
     return ""
 
 
+def confine_builder(cpus: list[int] | None) -> str:
+    """(A builder, before any candidate code.) Pin this process's threads to cpus, then make the calls that
+    would move a thread to other cores or raise its priority (sched_setaffinity, sched_setscheduler,
+    sched_setparam, sched_setattr, setpriority) do nothing and report success, for it and everything it
+    starts. A builder runs candidate code while others' batches are timed (and, on a GPU, while the
+    baseline is measured beside the first build): moved onto a runner's core it would slow the batches
+    there (twenty-sixth red team, by reading). Compilers that pin their own threads (cicc links
+    sched_setaffinity) go on as if they had. "" when done, else why not."""
+    if cpus:
+        pin_threads(cpus)
+    arch = _ARCH.get(platform.machine())
+    if arch is None:
+        return f"not confined: seccomp filter not written for {platform.machine()}"
+    audit, nr_seccomp, sched, x32 = arch[0], arch[1], arch[2][:5], arch[6]
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return f"not confined: PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
+    insns = filter_program(audit, sched, x32, refusal=_RET_DONE)
+    prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
+    if libc.syscall(nr_seccomp, 1, 1 | 4, ctypes.byref(prog)) != 0 and libc.syscall(nr_seccomp, 1, 1,
+                                                                                    ctypes.byref(prog)) != 0:
+        return f"not confined: seccomp failed (errno {ctypes.get_errno()})"
+    return ""
+
+
 def refuse_namespace_calls() -> None:
     """(The namespace's first process, still privileged.) For this process and all it starts, builder and
     runner alike: the keyring calls, unshare, setns and a clone that makes any namespace fail with EPERM,
@@ -125,16 +151,16 @@ def refuse_namespace_calls() -> None:
 
 
 def filter_program(audit: int, blocked, x32: int | None, clones: tuple[int, int] | None = None,
-                   clone_refused: int | None = None) -> list[tuple[int, int, int, int]]:
+                   clone_refused: int | None = None, refusal: int = _RET_EPERM) -> list[tuple[int, int, int, int]]:
     """The classic-BPF program (code, jt, jf, k): another ABI -> EPERM; x32 numbers -> EPERM; each blocked
-    number -> EPERM; with clones = (clone, clone3): clone3 -> ENOSYS, and clone -> EPERM when its flags
+    number -> EPERM (or `refusal`); with clones = (clone, clone3): clone3 -> ENOSYS, and clone -> EPERM when its flags
     (the first argument) hold any bit of clone_refused, or (clone_refused None) lack CLONE_THREAD;
     anything else is allowed. seccomp_data: nr at offset 0, arch at 4, the first argument's low word at 16."""
     prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, audit), (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
     if x32 is not None:
         prog += [(_JGE_K, 0, 1, x32), (_RET_K, 0, 0, _RET_EPERM)]
     for nr in sorted(blocked):
-        prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, _RET_EPERM)]
+        prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, refusal)]
     if clones is not None:
         clone, clone3 = clones
         prog += [(_JEQ_K, 0, 1, clone3), (_RET_K, 0, 0, _RET_ENOSYS)]

@@ -224,12 +224,12 @@ def own_dir(path: str) -> None:
     write bits of others; a file, link or FIFO a candidate put in its place is set aside first (a plain
     file at cache/ext made every later evaluation raise). A candidate may have made the directory itself,
     with a mode that keeps every later worker (root, without the capability that overrides modes) out."""
-    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
-        os.replace(path, f"{path}.not-a-directory-{secrets.token_hex(4)}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
     try:
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
+            os.replace(path, f"{path}.not-a-directory-{secrets.token_hex(4)}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:   # a link put there since, by a candidate building beside us: set aside next time
+    except OSError:   # a candidate building beside us is renaming things there: set aside next time
         return
     try:
         st = os.fstat(fd)

@@ -19,7 +19,7 @@ from .batches import Batches, Prober, drain, module_call, release_collections, r
 from .build import _exec_source, _install_build_defaults
 from . import tensorfile
 from .common import _flat, compare_outputs, open_lock
-from .confine import confine, pin_threads
+from .confine import confine, confine_builder, pin_threads
 from .namespace import show_cpus
 from . import vmm
 from .host_batches import Arena, GpuArena, HostBatches, HostInputs
@@ -67,8 +67,8 @@ def main() -> None:
     if job.get("cpus") and role in ("build", "run"):
         show_cpus(job["cpus"])   # what counts the machine's cores (ninja, OpenMP sized by it) counts these
     if role == "build":
-        if job.get("cpus"):
-            pin_threads(job["cpus"])  # also inherited by the compilers the build starts
+        # Before any candidate code: on its cores, and so is every compiler it starts (confine.py).
+        confine_builder(job.get("cpus"))
         _role_build(job, send)
     elif role == "run":
         # Before any candidate code: this process and all it starts stay on the runner's cores (confine.py).

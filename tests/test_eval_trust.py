@@ -735,6 +735,51 @@ def test_a_candidate_cannot_keep_later_candidates_out_of_the_cache(tmp_path):
         assert os.stat(os.path.join(ev.cache_dir, "tmp")).st_mode & 0o700 == 0o700
 
 
+MOVE_CORES = """
+import json, os
+before = sorted(os.sched_getaffinity(0))
+target = {c for c in range(os.cpu_count() or 1) if c not in before} or {before[0]}
+try:
+    os.sched_setaffinity(0, target)
+    answer = "done"
+except OSError as e:
+    answer = e.errno
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "cores-%d-%d" % (os.getpid(), id(target))), "w") as f:
+    json.dump({"before": before, "target": sorted(target), "answer": answer,
+               "after": sorted(os.sched_getaffinity(0))}, f)
+"""
+AT_IMPORT = '''import builtins
+import torch
+import torch.nn as nn
+
+builtins.exec(CODE[::-1])
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(torch.mm(x, x.t()))
+'''
+
+
+def test_a_builder_cannot_move_to_other_cores(ev):
+    """Candidate code runs in the builder (its import) while other candidates' batches are timed, and on a
+    GPU while the baseline is measured: its calls to move onto other cores (or raise its priority) report
+    success and do nothing; in the runner they fail."""
+    import json
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nowhere to move")
+    r = ev.evaluate(AT_IMPORT.replace("CODE", repr(MOVE_CORES[::-1])))
+    reports = [json.loads(p.read_text()) for p in Path(ev.cache_dir).glob("cores-*")]
+    assert reports, r.message
+    assert all(rep["after"] == rep["before"] for rep in reports), reports
+    assert any(rep["answer"] == "done" for rep in reports), reports   # the builder's
+    assert any(rep["answer"] == 1 for rep in reports), reports        # a runner's: EPERM
+    assert r.status == "ok", r.message
+
+
 def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
     """Outside a namespace nothing stops a process from putting a directory, a FIFO or a link where a
     lock file was: the evaluator sets it aside and locks a plain file, instead of raising or hanging."""
