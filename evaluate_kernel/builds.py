@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Executor, Future
 
 from .build import FULL_HEADER_RETRY, _pch_writable, pch_state, trim_compiler_output
-from .common import EvalResult, lock_path, open_lock
+from .common import EvalResult, EvaluatorError, lock_path, open_lock
 from .protocol import Worker
 from .sandbox import BuildSeal, library_digest, own_dir, read_plain, write_under
 
@@ -50,12 +50,20 @@ class Builds:
 
     # ---------------------------------------------------------------- the flow
     def build(self, src: str, h: str, details: dict) -> EvalResult | None:
-        ev = self.ev
-        marker = os.path.join(ev.cache_dir, "ext", h[:16], "BUILT")
         with self._lock:
             lock = self._locks.setdefault(h, threading.Lock())
-        own_dir(os.path.join(ev.cache_dir, "ext"))
-        with lock, open_lock(os.path.join(ev.cache_dir, "ext", h[:16] + ".lock"), create=True) as held:
+        ext = _open_ext(self.ev.cache_dir)
+        try:
+            return self._build(src, h, details, lock, f"/proc/self/fd/{ext}")
+        finally:
+            os.close(ext)
+
+    def _build(self, src: str, h: str, details: dict, lock: threading.Lock, ext: str) -> EvalResult | None:
+        # ext: the cache's ext directory as we opened it. Candidates building beside us may put a link in
+        # its place at any moment; through the descriptor, our locks, directories and deletions stay in it.
+        ev = self.ev
+        marker = os.path.join(ext, h[:16], "BUILT")
+        with lock, open_lock(os.path.join(ext, h[:16] + ".lock"), create=True) as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             if os.path.exists(marker):
                 # A build is trusted as this Evaluator made it (digest in memory) or as a signed marker says
@@ -64,7 +72,7 @@ class Builds:
                 signed = self._seal.opened(h, (read_plain(marker, 1 << 16) or b"").decode(errors="replace")) \
                     if self._seal else ""
                 trusted = made or signed
-                if trusted and self._library_digest(h) in (made, signed):
+                if trusted and _library_digest(ext, h) in (made, signed):
                     details["compile_s"] = 0.0
                     details["build_cached"] = True
                     return None
@@ -123,10 +131,10 @@ class Builds:
                 details["build_note"] = str(msg["deferred_error"])[:2000]
             # The libraries' digest, kept here: a cached build loads only while it still matches. The marker's
             # copy serves a later Evaluator: it lies in the writable cache, so it counts only signed.
-            self._built[h] = self._library_digest(h)
+            self._built[h] = _library_digest(ext, h)
             text = self._seal.seal(h, self._built[h]) if self._seal else self._built[h] + "\n"
             try:   # the cache is the candidates' to write: never through what they left there
-                write_under(ev.cache_dir, ["ext", h[:16]], "BUILT", text.encode())
+                write_under(ext, [h[:16]], "BUILT", text.encode())
             except OSError:
                 pass   # no marker: later Evaluators build it again; this one trusts its digest in memory
             return None
@@ -212,15 +220,28 @@ class Builds:
         return self.ev.spawn_warm(self.ev.env(CUDA_VISIBLE_DEVICES=""),
                                   os.path.join(self.ev.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False)
 
-    def _library_digest(self, h: str) -> str:
-        """The digest of a build's directory, if it is still the directory of ours it was: cache/ext and the
-        build's directory under it may have been replaced by links (the cache is the candidates' to
-        write), and a walk through a link to / would hash the machine."""
-        ext = os.path.join(self.ev.cache_dir, "ext")
-        build_dir = os.path.join(ext, h[:16])
-        if os.path.islink(ext) or os.path.islink(build_dir) or not os.path.isdir(build_dir):
-            return "not the build's directory"
-        return library_digest(build_dir)
+
+
+def _open_ext(cache_dir: str) -> int:
+    """A descriptor of cache/ext, made ours first (sandbox.own_dir); a link a candidate puts there between
+    the two is set aside and the directory opened again."""
+    path = os.path.join(cache_dir, "ext")
+    for _ in range(3):
+        own_dir(path)
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            problem = e
+    raise EvaluatorError(f"the build cache's ext directory keeps being replaced: {problem}")
+
+
+def _library_digest(ext: str, h: str) -> str:
+    """The digest of a build's directory under ext (a descriptor's path), if it is a directory: the cache
+    is the candidates' to write, and a walk through a link to / would hash the machine."""
+    build_dir = os.path.join(ext, h[:16])
+    if os.path.islink(build_dir) or not os.path.isdir(build_dir):
+        return "not the build's directory"
+    return library_digest(build_dir)
 
 
 def _wants_pch(src: str) -> bool:

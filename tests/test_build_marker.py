@@ -413,3 +413,26 @@ def test_a_directory_the_parent_relies_on_is_made_its_own_again(tmp_path):
     eval_sandbox.own_dir(str(tmp_path / "xdg"))
     assert (tmp_path / "xdg").is_dir() and not (tmp_path / "xdg").is_symlink()
     assert target.stat().st_mode & 0o777 != 0 and list(target.iterdir()) == []
+
+
+def test_a_link_put_in_place_of_the_builds_directory_mid_build_leads_nowhere(tmp_path, monkeypatch):
+    """Candidates building beside an evaluation may put a link where cache/ext was at any moment: the
+    parent's locks, directories and deletions go through its own descriptor of the directory, so nothing
+    of ours (root) lands where the link points."""
+    from evaluate_kernel import builds as eval_builds
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real = eval_builds.own_dir
+    planted = []
+
+    def own_then_plant(path):
+        real(path)
+        if path.endswith("ext") and not planted:
+            os.rename(path, path + "-moved")
+            os.symlink(outside, path)
+            planted.append(path)
+    monkeypatch.setattr(eval_builds, "own_dir", own_then_plant)
+    with _evaluator(tmp_path, isolate=False) as ev:
+        r = ev.evaluate(HONEST_PY)
+    assert planted and r.status == "ok", r.message
+    assert list(outside.iterdir()) == []
