@@ -10,7 +10,7 @@ file lock beside the build). A cached build counts while its libraries' digest i
 recorded, or the one a marker signed with the key candidates cannot read (sandbox.BuildSeal) vouches for;
 anything else is rebuilt, and the note says why. torch's precompiled extension.h lives in torch's install
 directory, read-only in the namespace: a process of ours outside it brings it up to date, and the state it
-left is remembered where candidates cannot write (DESIGN.md, "Where builders and runners come from").
+left is remembered where candidates cannot write (DESIGN.md, "Both protocols").
 """
 from __future__ import annotations
 

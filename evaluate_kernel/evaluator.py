@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from . import evaluation
-from .builds import Builds
 from .build import arch_list_for
+from .builds import Builds
 from .common import EvalResult, EvaluatorError, Options, lock_path, scrubbed_env, source_hash
 from .device import Device, _cuda_count, physical_cores
 from .forkserver import ForkServer
@@ -146,7 +146,7 @@ class Evaluator:
         # The baseline. On a GPU whose runners have cores of their own it is measured in the background, so
         # that a first candidate's build (on other cores, no GPU) goes on meanwhile; its timing waits for
         # the baseline (the device's lock). Otherwise, and before the first build: builds would share the
-        # runners' cores. (DESIGN.md, "Where builders and runners come from".)
+        # runners' cores. (DESIGN.md, "Both protocols".)
         if self.opts.eager_baseline:
             if device == "cuda" and self.pinned:
                 for dev in self.devices:
