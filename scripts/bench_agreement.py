@@ -2,10 +2,11 @@
 
 For each problem (softmax@v0, mean@v0, maxpool@v0: launch-bound calls of 10-50 us on an H100/H200; and
 conv_groupnorm, a GPU-bound call of 1.5-3.5 ms) the hand-written candidate in tests/kernels/ is evaluated by
-`evaluate_kernel.Evaluator` (public API only). After the Evaluator is closed, this process builds the same
-callables itself (the reference `Model` and the candidate `ModelNew`, seeded with 42 as KernelBench does;
-the candidate imports the library the evaluator built, so both time the same machine code) and times them
-with code written here, sharing none with the evaluator, by the evaluator's definition of a call's time:
+`evaluate_kernel.Evaluator` (public API only). After each evaluation (--rounds of them, default 3, the
+Evaluator idle between them), this process times the same callables itself (the reference `Model` and the
+candidate `ModelNew`, seeded with 42 as KernelBench does; the candidate imports the library the evaluator
+built, so both time the same machine code), with code written here, sharing none with the evaluator, by
+the evaluator's definition of a call's time:
 
     n calls back to back on n input sets of their own (drawn before the clock starts; a model without
     hooks called by its forward, as the evaluator's runners call it), one synchronise,
@@ -15,10 +16,12 @@ with code written here, sharing none with the evaluator, by the evaluator's defi
 
 On a GPU the clock is the host's monotonic clock; on the CPU (--device cpu: the candidate is the reference
 renamed ModelNew) this process's CPU time, as the evaluator reads its workers'. It prints, and writes to
---out, a table: problem | figure | evaluator | independent | difference %.
+--out, a table: problem | figure | evaluator | independent | difference %, each figure the median over the
+rounds. The rounds interleave the two timers because a launch-bound call follows the host's slow spells
+(seconds long, each core's own; DESIGN.md): two timers run minutes apart disagree by the spell each fell in.
 
-Time: about 3-5 minutes on one H100/H200 machine (an Evaluator start and a candidate build per problem);
-about 2 minutes on a 2-core CPU with --device cpu.
+Time: about 4-6 minutes on one H100/H200 machine (an Evaluator start, a candidate build and three rounds
+per problem); about 3 minutes on a 2-core CPU with --device cpu.
 
     python3 scripts/bench_agreement.py --out /path/table.md
     python3 scripts/bench_agreement.py --device cpu --out /tmp/agreement_cpu.md
@@ -52,6 +55,7 @@ GPU_PROBLEMS = {"softmax@v0": "softmax_v0", "mean@v0": "mean_v0", "maxpool@v0": 
                 "conv_groupnorm": "conv_groupnorm_fused"}
 CPU_PROBLEMS = ("softmax@v0", "mean@v0", "maxpool@v0", "conv_groupnorm_small")
 BATCHES = 15        # per side, alternated; the first pair is a warm-up
+ROUNDS = 3          # an evaluation, then the independent timer, this many times (medians compared)
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}  # as the workers
 
 
@@ -60,6 +64,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_agreement.md"))
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--problems", default="", help="comma-separated subset of the problems (default: all)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="evaluations, each followed by the independent timer")
     args = ap.parse_args()
     if args.device == "cpu" and any(os.environ.get(k) != v for k, v in CPU_MALLOC.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **CPU_MALLOC})
@@ -87,7 +92,7 @@ def main() -> int:
             print(f"== {name}", flush=True)
             try:
                 rows += problem_rows(name, candidate_source(name, args.device), args.device,
-                                     os.path.join(work, name.replace("@", "_")), notes)
+                                     os.path.join(work, name.replace("@", "_")), notes, max(1, args.rounds))
             except Exception as e:  # noqa: BLE001 - one broken problem must not lose the others' figures
                 notes.append(f"{name}: stopped: {type(e).__name__}: {str(e)[:300]}")
                 print(notes[-1], flush=True)
@@ -117,32 +122,44 @@ def candidate_source(name: str, device: str) -> str:
     return re.sub(r"\bModel\b", "ModelNew", tasks.get(name).reference_src)
 
 
-def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[str]) -> list[tuple[str, float | None]]:
-    """Evaluate `src`, close the Evaluator, time both callables here; the table rows (line, difference %)."""
+def problem_rows(name: str, src: str, device: str, cache_dir: str, notes: list[str],
+                 rounds: int = ROUNDS) -> list[tuple[str, float | None]]:
+    """`rounds` times: evaluate `src`, then time both callables here by the same protocol, on the core the
+    runners use, right after; the table rows (line, difference %) from the medians over the rounds. A launch-
+    bound call's speed follows the host's spells (DESIGN.md), so the two timers are compared over the same
+    minutes, round by round, not one after the other."""
     task = tasks.get(name)
     t0 = time.perf_counter()
     ev = evaluate_kernel.Evaluator.for_task(task, device=device, cache_dir=cache_dir,
                                             **({"gpus": [0]} if device == "cuda" else {}))
+    ours, theirs, models = [], [], None
     try:
-        result = ev.evaluate(src)
+        for k in range(rounds):
+            result = ev.evaluate(src)
+            if k == 0:
+                notes.append(f"{name}: evaluator status {result.status}, {time.perf_counter() - t0:.1f} s with "
+                             f"its start: {result.message[:200]}")
+                print(notes[-1], flush=True)
+            if result.status != "ok":
+                message = result.message[:200].replace("|", "/").replace("\n", " ")
+                return [(f"| {name} | candidate | {result.status} | n/a | {message} |\n", None)]
+            n = int(result.details["timing"]["calls_per_batch"])
+            n_ref = int(result.details["timing"].get("calls_per_reference_batch") or n)
+            models = models or build(task, src, device, cache_dir)
+            ref_ns, ref_model, cand_model = models
+            theirs.append(alternate(ref_model, cand_model, ref_ns, n, device, n_ref=n_ref))
+            ours.append((result.baseline_ms, result.runtime_ms, result.speedup))
+            notes.append(f"{name}, round {k + 1}: {n} calls per candidate batch, {n_ref} per reference batch; "
+                         f"evaluator {result.speedup:.4f}x {['%.4f' % v for v in result.details.get('speedup_ci') or []]}"
+                         f", independent {theirs[-1][2]:.4f}x ({BATCHES} batches a side)")
+            print(notes[-1], flush=True)
     finally:
         ev.close()
-    notes.append(f"{name}: evaluator status {result.status}, {time.perf_counter() - t0:.1f} s with its start: "
-                 f"{result.message[:200]}")
-    print(notes[-1], flush=True)
-    if result.status != "ok":
-        message = result.message[:200].replace("|", "/").replace("\n", " ")
-        return [(f"| {name} | candidate | {result.status} | n/a | {message} |\n", None)]
-    n = int(result.details["timing"]["calls_per_batch"])
-    n_ref = int(result.details["timing"].get("calls_per_reference_batch") or n)
-    ref_ns, ref_model, cand_model = build(task, src, device, cache_dir)
-    ref_ms, cand_ms, speedup = alternate(ref_model, cand_model, ref_ns, n, device, n_ref=n_ref)
-    notes.append(f"{name}: {n} calls per candidate batch, {n_ref} per reference batch, {BATCHES} batches a side; evaluator's interval "
-                 f"{['%.4f' % v for v in result.details.get('speedup_ci') or []]}, a batch's fixed cost "
-                 f"{result.details.get('batch_fixed_ms')} ms")
-    return [row(name, "candidate ms per call", result.runtime_ms, cand_ms),
-            row(name, "reference ms per call", result.baseline_ms, ref_ms),
-            row(name, "speedup", result.speedup, speedup, fmt="%.4fx")]
+    med = [statistics.median(v) for v in zip(*ours)]
+    ind = [statistics.median(v) for v in zip(*theirs)]
+    return [row(name, "candidate ms per call", med[1], ind[1]),
+            row(name, "reference ms per call", med[0], ind[0]),
+            row(name, "speedup", med[2], ind[2], fmt="%.4fx")]
 
 
 def row(problem: str, figure: str, evaluator, independent: float, fmt: str = "%.4f") -> tuple[str, float | None]:

@@ -77,12 +77,13 @@ def test_the_batch_timer_frees_the_last_batch_inside_its_window():
 def test_cpu_run_end_to_end(tmp_path):
     out = tmp_path / "table.md"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_agreement.py"), "--device", "cpu",
-                           "--problems", "conv_groupnorm_small", "--out", str(out)],
+                           "--problems", "conv_groupnorm_small", "--rounds", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     text = out.read_text()
     rows = [ln for ln in text.splitlines() if ln.startswith("| conv_groupnorm_small |")]
     assert len(rows) == 3, text  # candidate and reference per call, then the speedup
     assert "evaluator status ok" in text
+    assert "conv_groupnorm_small, round 2:" in text   # the two timers interleaved, round by round
     independent = [float(ln.split("|")[4].strip().rstrip("x")) for ln in rows]
     assert all(math.isfinite(v) and v > 0 for v in independent)

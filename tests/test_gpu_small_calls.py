@@ -4,9 +4,11 @@
     evaluate "ok" on their task, with a runtime, a baseline and a speedup whose interval holds it;
   - for each, the evaluator's speedup lies within 5% of a measurement by the same protocol (batches of
     the same numbers of back-to-back calls on fresh inputs, alternated, each side's last outputs freed
-    inside its next batch) made here after the Evaluator is closed, by scripts/bench_agreement.py's timer
-    (which shares no code with the evaluator); the times per call are printed beside it (below: why
-    they are not compared). The full table, four problems: that script.
+    inside its next batch) by scripts/bench_agreement.py's timer (which shares no code with the
+    evaluator), the medians of three rounds, each an evaluation and then that timer: a launch-bound
+    call follows the host's slow spells, so the two are compared over the same minutes. The times per
+    call are printed beside it (below: why they are not compared). The full table, four problems: that
+    script.
 
 Through the public API only (Evaluator.for_task, .evaluate, .close). Each candidate is one cold CUDA
 build (15-60 s); run this file alone, not beside other GPU tests: small calls are timed on the host clock.
@@ -69,14 +71,12 @@ def test_small_call_timing_agrees_with_an_independent_timer(evaluated, timers, n
     import torch
     result, src, cache = evaluated(name)
     assert result.status == "ok", result.message
-    n = int(result.details["timing"]["calls_per_batch"])
-    n_ref = int(result.details["timing"]["calls_per_reference_batch"])
     torch.set_num_threads(1)
-    ref_ns, ref_model, cand_model = timers.build(tasks.get(name), src, "cuda", cache)
-    ref_ms, cand_ms, speedup = timers.alternate(ref_model, cand_model, ref_ns, n, "cuda", n_ref=n_ref)
-    print(f"\n{name}: evaluator {result.runtime_ms:.5f} / {result.baseline_ms:.5f} ms, {result.speedup:.4f}x; "
-          f"here {cand_ms:.5f} / {ref_ms:.5f} ms, {speedup:.4f}x ({n} calls a batch)")
+    notes: list[str] = []
+    rows = timers.problem_rows(name, src, "cuda", cache, notes, rounds=3)   # the build is cached by now
+    print("\n" + "".join(line for line, _ in rows) + "\n".join(notes))
+    (line, diff), = [r for r in rows if "| speedup |" in r[0]]
     # The speedup only: the times per call differed from this timer's by 4-52% over three runs on an
     # H100 (maxpool@v0's 16-34% above this timer's on both sides; this timer itself read softmax@v0's
     # reference at 0.0130-0.0185 ms from one run to the next, the evaluator 0.0176-0.0198).
-    assert result.speedup == pytest.approx(speedup, rel=0.05)
+    assert diff is not None and abs(diff) <= 5.0, line
