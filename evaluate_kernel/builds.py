@@ -87,7 +87,10 @@ class Builds:
             if self._pch is not None and _wants_pch(src):
                 self._pch.result()
             with self._sem:
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                # No marker: whatever stands at the build's directory is no build of ours (a failed one, or
+                # a candidate's, made with a mode that keeps the builder out), so the build starts afresh.
+                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
+                own_dir(os.path.dirname(marker))
                 t0 = time.monotonic()
                 tampered = ev.tamper_events
                 w = self._take_builder()

@@ -436,3 +436,22 @@ def test_a_link_put_in_place_of_the_builds_directory_mid_build_leads_nowhere(tmp
         r = ev.evaluate(HONEST_PY)
     assert planted and r.status == "ok", r.message
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.slow   # two C++ builds (~10-30 s each on two cores)
+@pytest.mark.skipif(bool(NAMESPACE), reason=f"no namespace here: {NAMESPACE}")
+def test_a_build_directory_remade_with_no_permissions_does_not_stop_the_next_build(tmp_path):
+    """A candidate may move a build's directory away and make it again with mode 000 (a mode given at
+    creation is no chmod): the next evaluation of that source finds no marker and builds afresh, in a
+    directory of ours, instead of a builder (root without the capability that overrides modes) failing."""
+    with _evaluator(tmp_path) as ev:
+        first = ev.evaluate(HONEST_CPP)
+        assert first.status == "ok", first.message
+        build = _build_dir(tmp_path)
+        os.rename(build, str(build) + "-moved")
+        os.mkdir(build, 0)
+        os.chmod(build, 0)
+    with _evaluator(tmp_path) as fresh:
+        again = fresh.evaluate(HONEST_CPP)
+    assert again.status == "ok", again.message
+    assert build.stat().st_mode & 0o700 == 0o700
