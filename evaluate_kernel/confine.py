@@ -93,20 +93,8 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
     if arch is None:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to install a filter unprivileged
-        return f"not confined: PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
-    insns = filter_program(audit, sched + (procs if no_processes else ()), x32,
-                           (clone, clone3) if no_processes else None)
-    prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
-    # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: every existing thread (CUDA's, torch's) too;
-    # and SPEC_ALLOW: kernels that mitigate speculative store bypass "by prctl and seccomp" would otherwise
-    # slow every filtered process, the runner but not the reference worker it is compared with (kernels
-    # before 4.17 lack the flag: the filter alone then).
-    if libc.syscall(nr_seccomp, 1, 1 | 4, ctypes.byref(prog)) != 0 and libc.syscall(nr_seccomp, 1, 1,
-                                                                                    ctypes.byref(prog)) != 0:
-        return f"not confined: seccomp failed (errno {ctypes.get_errno()})"
-    return ""
+    return _install(nr_seccomp, filter_program(audit, sched + (procs if no_processes else ()), x32,
+                                               (clone, clone3) if no_processes else None))
 
 
 def confine_builder(cpus: list[int] | None) -> str:
@@ -123,11 +111,19 @@ def confine_builder(cpus: list[int] | None) -> str:
     if arch is None:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, x32 = arch[0], arch[1], arch[2][:5], arch[6]
+    return _install(nr_seccomp, filter_program(audit, sched, x32, refusal=_RET_DONE))
+
+
+def _install(nr_seccomp: int, insns: list[tuple[int, int, int, int]]) -> str:
+    """The filter on this process and every thread it has and will have; "" when done, else why not."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to install a filter unprivileged
         return f"not confined: PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
-    insns = filter_program(audit, sched, x32, refusal=_RET_DONE)
     prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
+    # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: every existing thread (CUDA's, torch's) too;
+    # and SPEC_ALLOW: kernels that mitigate speculative store bypass "by prctl and seccomp" would otherwise
+    # slow every filtered process, the runner but not the reference worker it is compared with (kernels
+    # before 4.17 lack the flag: the filter alone then).
     if libc.syscall(nr_seccomp, 1, 1 | 4, ctypes.byref(prog)) != 0 and libc.syscall(nr_seccomp, 1, 1,
                                                                                     ctypes.byref(prog)) != 0:
         return f"not confined: seccomp failed (errno {ctypes.get_errno()})"
