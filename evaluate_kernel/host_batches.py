@@ -33,7 +33,8 @@ import mmap
 import os
 import secrets
 
-from .common import DTYPE_SIZES, _flat, compare_outputs, torch_dtype
+from .common import _DISTS, DTYPE_SIZES, _flat, compare_outputs, torch_dtype
+from .inputs import _transform
 from .readout import _extent as _span, load
 
 ALIGN = 64          # every input starts on a cache line
@@ -185,10 +186,10 @@ class HostInputs:
             self.drawn = None   # the last batch's bytes go before the next are drawn
             with torch.no_grad():
                 if self.device is None:
-                    sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False, mixed=True)
+                    sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False)
                 else:
-                    sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device, mixed=True)
-            self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values())))
+                    sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device)
+                self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values()), mix=seed))
         _, layout, block = self.drawn
         if pick is not None:
             layout, block = _picked(layout, block, pick)
@@ -247,10 +248,17 @@ class HostInputs:
         return os.pread(self.arenas["runner"].fd, nbytes, at) == block[j * nbytes:(j + 1) * nbytes].numpy().tobytes()
 
 
-def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
+def pack(sets: list[list], capacity: int, mix: int | None = None) -> tuple[dict, object]:
     """The layout of n input sets (every set alike: the same shapes, dtypes and strides) and the bytes to
     write: set i's j-th tensor at base + i * set_bytes + offset_j, its storage span as it is (strides
-    kept). Values that are not tensors travel in the layout, once if every set has the same."""
+    kept). Values that are not tensors travel in the layout, once if every set has the same. With `mix` (a
+    seed: the timed batches), each set's floating-point tensors first go through a distribution of the
+    trials' chosen for that set (inputs._transform, _mixed), so a shortcut that holds only for the task's
+    own inputs (a ReLU of all-positive inputs is the identity) fails the check of a timed call.
+
+    A column of tensors (input j of every set) is stacked and written at once, a few operations a
+    column rather than a few a set: on a GPU each is a launch, and a batch of 1,868 softmax calls spent
+    twice its calls' time drawing and writing its inputs set by set."""
     import torch
     n = len(sets)
     first = sets[0]
@@ -281,22 +289,76 @@ def pack(sets: list[list], capacity: int) -> tuple[dict, object]:
     base = secrets.randbelow(min(room, MAX_SHIFT) // ALIGN + 1) * ALIGN
     on = next((x.device for x in first if isinstance(x, torch.Tensor)), torch.device("cpu"))
     block = torch.zeros(n * set_bytes, dtype=torch.uint8, device=on)
+    rows = block.view(n, set_bytes)
+    dists = _dists(mix, n) if mix is not None else None
+    gen = torch.Generator(device=on).manual_seed(mix + 1) if mix is not None else None
     for j, item in enumerate(items):
         if "dtype" not in item:
             continue
-        for i, xs in enumerate(sets):
-            x = xs[j]
+        shape, stride = torch.Size(item["shape"]), tuple(item["stride"])
+        col = [xs[j] for xs in sets]
+        for x in col:
             if not (isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") == item["dtype"]
-                    and list(x.shape) == item["shape"] and list(x.stride()) == item["stride"]):
+                    and x.shape == shape and x.stride() == stride):
                 raise ValueError("get_inputs() returns inputs of differing shapes, dtypes or strides from one call to "
                                  "the next; the timing needs every call's inputs alike")
+        if not item["nbytes"]:
+            continue
+        if first[j].is_contiguous():   # the usual case: the column at once
+            whole = torch.stack([x.detach().to(on) for x in col])
+            if dists is not None and whole.is_floating_point():
+                whole = _mixed(whole, dists, gen)
+            rows[:, item["offset"]:item["offset"] + item["nbytes"]].copy_(whole.reshape(n, -1).view(torch.uint8))
+            continue
+        for i, x in enumerate(col):   # a view with strides of its own: its storage span as it is, set by set
+            if dists is not None and x.is_floating_point():
+                x = _strided_like(_transform(x, dists[i], gen), x)
             span = x.detach().as_strided((_extent(x),), (1,), x.storage_offset()).contiguous().view(-1)
-            if item["nbytes"]:
-                start = i * set_bytes + item["offset"]
-                block[start:start + item["nbytes"]] = span.view(torch.uint8).to(on)
+            start = i * set_bytes + item["offset"]
+            block[start:start + item["nbytes"]] = span.view(torch.uint8).to(on)
     layout = {"n": n, "set_bytes": set_bytes, "base": base,
               "items": [{k: v for k, v in it.items() if k != "nbytes"} for it in items]}
     return layout, block
+
+
+def _dists(seed: int, n: int) -> list[str]:
+    """The distribution each of n sets' floating-point inputs go through, from the seed."""
+    import random
+    choose = random.Random(seed)
+    return [choose.choice(_DISTS) for _ in range(n)]
+
+
+def _mixed(whole, dists: list[str], gen):
+    """A stacked column (n, *shape), row i through dists[i] as inputs._transform would take it alone: the
+    rows of one distribution gathered, changed at once and put back."""
+    import torch
+    for dist in ("scaled", "negated", "zero_mean", "per_sample"):
+        rows = [i for i, d in enumerate(dists) if d == dist]
+        if not rows or (dist == "per_sample" and whole.dim() < 2):
+            continue
+        index = torch.tensor(rows, dtype=torch.long, device=whole.device)
+        part = whole.index_select(0, index)
+        if dist == "scaled":
+            part = part * 3.0
+        elif dist == "negated":
+            part = -part
+        elif dist == "zero_mean":
+            part = part - part.mean(dim=tuple(range(1, part.dim())), keepdim=True) if part.dim() > 1 else part - part
+        else:   # a scale and an offset per sample: per index of each set's first dimension
+            shape = (len(rows), whole.shape[1]) + (1,) * (whole.dim() - 2)
+            scale = torch.rand(shape, generator=gen, dtype=whole.dtype, device=whole.device) * 1.5 + 0.5
+            offset = torch.randn(shape, generator=gen, dtype=whole.dtype, device=whole.device)
+            part = part * scale + offset
+        whole.index_copy_(0, index, part)
+    return whole
+
+
+def _strided_like(y, x):
+    """y's values laid out with x's strides (a transform returns a contiguous tensor)."""
+    import torch
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    out.copy_(y)
+    return out
 
 
 def _picked(layout: dict, block, pick: list[int]) -> tuple[dict, object]:

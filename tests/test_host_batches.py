@@ -116,6 +116,45 @@ def test_inputs_that_change_shape_between_calls_are_refused():
         pack([[torch.zeros(2)], [torch.zeros(3)]], 1 << 20)
 
 
+@given(st.integers(min_value=1, max_value=40), st.integers(min_value=0, max_value=2**31 - 1),
+       st.sampled_from([(), (5,), (3, 4), (2, 3, 4)]))
+@settings(max_examples=40, deadline=None)
+def test_each_timed_set_goes_through_the_distribution_its_seed_chose(n, seed, shape):
+    """The timed batches' inputs (pack with mix): set i's floating-point tensors as inputs._transform takes
+    them alone under the distribution the seed chose for set i (scaled, negated, zero-mean; a scale and
+    an offset per index of the first dimension), its integer tensors as drawn; strided views kept."""
+    from evaluate_kernel.host_batches import _dists
+    g = torch.Generator().manual_seed(seed)
+    sets = [[torch.randn(shape, generator=g), torch.randint(0, 9, (3,), generator=g),
+             torch.randn(4, 3, generator=g).t()] for _ in range(n)]
+    arena = Arena.create(1 << 20)
+    try:
+        layout, block = pack(sets, arena.size, mix=seed)
+        arena.write(block, layout["base"])
+        got = arena.views(layout)
+        for dist, xs, ys in zip(_dists(seed, n), sets, got):
+            assert torch.equal(ys[1], xs[1])
+            for x, y in ((xs[0], ys[0]), (xs[2], ys[2])):
+                assert y.shape == x.shape and y.stride() == x.stride()
+                if dist == "own" or (dist == "per_sample" and x.dim() == 0):
+                    assert torch.equal(y, x)
+                elif dist == "scaled":
+                    assert torch.allclose(y, x * 3.0)
+                elif dist == "negated":
+                    assert torch.equal(y, -x)
+                elif dist == "zero_mean":
+                    assert torch.allclose(y, x - x.mean(), atol=1e-5)
+                else:   # y = x * scale + offset, scale in [0.5, 2) and offset alike along each row of dim 0
+                    rest = tuple(range(1, x.dim()))
+                    if x.numel() > x.shape[0]:
+                        a = (y - y.mean(dim=rest, keepdim=True)) / (x - x.mean(dim=rest, keepdim=True))
+                        finite = a[torch.isfinite(a) & ((x - x.mean(dim=rest, keepdim=True)).abs() > 1e-3)]
+                        assert finite.numel() == 0 or bool(((finite >= 0.49) & (finite <= 2.01)).all())
+                    assert not torch.equal(y, x)
+    finally:
+        arena.close()
+
+
 def test_a_batch_that_does_not_fit_the_file_is_refused():
     with pytest.raises(ValueError, match="do not fit"):
         pack([[torch.zeros(1000)] for _ in range(10)], 8 << 10)
