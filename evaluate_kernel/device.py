@@ -57,7 +57,7 @@ class Device:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
         # (GPU) The first probe after another context's work waits while the GPU switches to the prober's
         # context (0.15-0.2 ms on an H100, where an idle probe takes 0.02): what the drains after the
-        # reference runner's batches saw first, which timing._drain charges nobody for.
+        # reference runner's batches saw first, which drains._drain charges nobody for.
         self.switches: collections.deque = collections.deque(maxlen=SWITCHES_KEPT)
         self.host_loops: collections.deque = collections.deque(maxlen=HOST_LOOPS_KEPT)
         # (CPU; a GPU with shared memory) The reference is timed in a runner of its own (host_batches.py).

@@ -219,7 +219,7 @@ def test_a_drain_charges_the_time_the_device_was_busy_and_nothing_on_an_idle_one
     would only add noise), even where the first probe paid the switch of contexts. Busy: the time until
     the quiet run of IDLE_PROBES began; a slow probe inside a run starts it again."""
     from evaluate_kernel import clock
-    from evaluate_kernel.timing import IDLE_PROBES
+    from evaluate_kernel.drains import IDLE_PROBES
     b = clock.Batch("cand", 1)
     idle = _Prober(busy=0, first=0.2, switch=SWITCH)
     idle.calls = 2   # its one slow probe (busy + 2) is behind it; the next is not its first: an idle one
