@@ -780,6 +780,30 @@ def test_a_builder_cannot_move_to_other_cores(ev):
     assert r.status == "ok", r.message
 
 
+IO_URING = """
+import ctypes, json, os, platform
+params = (ctypes.c_uint32 * 30)()
+params[2], params[3], params[4] = 2 | 4, min(os.cpu_count() or 1, 64) - 1, 1000   # SQPOLL | SQ_AFF, sq_thread_cpu, idle ms
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall({"x86_64": 425, "aarch64": 425}.get(platform.machine(), 425), 8, ctypes.byref(params))
+answer = "ring" if fd >= 0 else ctypes.get_errno()
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "ring-" + os.urandom(8).hex()), "w") as f:
+    json.dump({"answer": answer}, f)
+"""
+
+
+def test_no_worker_can_start_an_io_uring(ev):
+    """A ring's kernel thread polls on whichever core the ring names (SQ_AFF), whatever the caller's
+    affinity, and goes on after the caller is stopped: a builder's spun on the runner's core at 95%
+    (twenty-seventh red team). io_uring_setup fails with EPERM in the builder and in the runner alike."""
+    import json
+    r = ev.evaluate(AT_IMPORT.replace("CODE", repr(IO_URING[::-1])))
+    reports = [json.loads(p.read_text()) for p in Path(ev.cache_dir).glob("ring-*")]
+    assert len(reports) >= 2, r.message   # the builder's and the runner's (trial models import it again)
+    assert all(rep["answer"] == 1 for rep in reports), reports
+    assert r.status == "ok", r.message
+
+
 def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
     """Outside a namespace nothing stops a process from putting a directory, a FIFO or a link where a
     lock file was: the evaluator sets it aside and locks a plain file, instead of raising or hanging."""
