@@ -42,7 +42,9 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   are killed and reject it. On the CPU its clock is read with the process stopped (a running thread's
   time lags by up to a scheduler tick). It may hold no timers and at most 64 threads, and it has no
   network (a timer, or a paced socket's, fires on the reference's core while the runner is stopped). In
-  the namespace every file system but the cache and /dev/shm is read-only to it, /dev holds only null,
+  the namespace every file system but its own home and /dev/shm is read-only to it; of the cache it sees
+  only the finished builds (read-only) and its home, and no worker sees another's (a builder builds in
+  its home; the parent moves the build once the builder is dead), /dev holds only null,
   zero, full, random, urandom and the GPU's nodes, and it holds no capability (no remount, no file
   handles), no keyring and no further namespace; its IPC namespace and session are its own. A builder
   stays on the cores it was given too (its moves and priority changes do nothing). No worker may change

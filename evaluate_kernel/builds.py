@@ -87,23 +87,25 @@ class Builds:
             if self._pch is not None and _wants_pch(src):
                 self._pch.result()
             with self._sem:
-                # No marker: whatever stands at the build's directory is no build of ours (a failed one, or
-                # a candidate's, made with a mode that keeps the builder out), so the build starts afresh.
+                # No marker: whatever stands at the build's directory is no build of ours (a failed one), so
+                # it goes; the builder builds in its own home, and the build comes here once it is dead.
                 shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
-                own_dir(os.path.dirname(marker))
                 t0 = time.monotonic()
                 tampered = ev.tamper_events
                 w = self._take_builder()
+                w.keep_home = True   # its build is moved out of it once the builder is dead, and the rest removed
+                home = w.home
                 try:
                     w.send({"role": "build", "candidate_src": src, "reference_src": ev.reference_src,
-                            "build": self.config(), "cpus": ev.other_cpus, "env": self.extension_env(h)})
+                            "build": self.config(), "cpus": ev.other_cpus,
+                            "env": self.extension_env(h, os.path.join(home, "build") if home else None)})
                     msg = w.recv(ev.opts.build_timeout_s)
                 except TimeoutError:
-                    return EvalResult("timeout", message=f"build exceeded {ev.opts.build_timeout_s:.0f} s",
-                                      details=dict(details, compile_s=time.monotonic() - t0))
+                    msg = EvalResult("timeout", message=f"build exceeded {ev.opts.build_timeout_s:.0f} s",
+                                     details=dict(details, compile_s=time.monotonic() - t0))
                 except EOFError:
-                    return EvalResult("compile_error", message=f"build: {w.death()}; {w.log_tail(600)}",
-                                      details=details)
+                    msg = EvalResult("compile_error", message=f"build: {w.death()}; {w.log_tail(600)}",
+                                     details=details)
                 finally:
                     strays = w.kill()
                     if strays:
@@ -111,6 +113,16 @@ class Builds:
                     details["build_wall_s"] = round(time.monotonic() - t0, 3)
                     # The build's log stays in our log directory: moved into the cache, it went through a
                     # link the candidate put there (root wrote its text anywhere) or was read through one.
+                try:
+                    # Every process of the builder is dead: what its home holds now is what it built, and
+                    # no candidate's process can write where it goes (the finished builds are read-only).
+                    if home and isinstance(msg, dict) and msg.get("kind") == "built":
+                        _settle(os.path.join(home, "build"), ext, h[:16])
+                finally:
+                    if home and not ev.opts.keep_worker_dirs:
+                        shutil.rmtree(home, ignore_errors=True)
+                if isinstance(msg, EvalResult):
+                    return msg
             bad = ev.tamper_verdict(tampered, None, details)
             if bad is not None:
                 return bad
@@ -148,9 +160,10 @@ class Builds:
                 "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
                 "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc}
 
-    def extension_env(self, h: str) -> dict[str, str]:
-        # Same values in the builder and the runner, so the runner's load_inline finds the build up to date.
-        extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.ev.cache_dir, "ext", h[:16]),
+    def extension_env(self, h: str, build_dir: str | None = None) -> dict[str, str]:
+        """A runner's (or, with build_dir, a builder's) settings for load_inline. The runner finds the build
+        where the builder's directory was moved (_settle), under the same names and flags: up to date."""
+        extra = {"TORCH_EXTENSIONS_DIR": build_dir or os.path.join(self.ev.cache_dir, "ext", h[:16]),
                  "MAX_JOBS": str(self._max_jobs)}
         if self._arch:
             extra["TORCH_CUDA_ARCH_LIST"] = self._arch
@@ -236,6 +249,21 @@ def _open_ext(cache_dir: str) -> int:
         except OSError as e:
             problem = e
     raise EvaluatorError(f"the build cache's ext directory keeps being replaced: {problem}")
+
+
+def _settle(built: str, ext: str, name: str) -> None:
+    """A dead builder's build directory moved to ext/name (ext: our descriptor's path), or copied where the
+    two lie on different file systems; made ours (sandbox.own_dir) either way."""
+    target = os.path.join(ext, name)
+    shutil.rmtree(target, ignore_errors=True)
+    if not os.path.isdir(built) or os.path.islink(built):
+        own_dir(target)   # nothing built (a source without extensions): an empty directory, ours
+        return
+    try:
+        os.rename(built, target)
+    except OSError:
+        shutil.copytree(built, target, symlinks=True)
+    own_dir(target)
 
 
 def _library_digest(ext: str, h: str) -> str:

@@ -320,6 +320,7 @@ class Options:
     pin_cpus: bool = True  # cores of its own for each device's runner when there are enough
     isolate: bool = True  # builder and runner in a PID + mount namespace where unshare works (namespace.py)
     fork_server: bool = True  # ... forked there from a process that has imported torch (forkserver.py)
+    keep_worker_dirs: bool = False  # keep what each builder and runner wrote (its home, cache/w/...) until close()
     # Timing (clock.py): batches of back-to-back calls, alternating reference and candidate ...
     batch_ms: float = 20.0  # ... each lasting about this long (with shared memory each side's; in the GPU's
     # fallback, where both run the same sets, the faster side's) ...

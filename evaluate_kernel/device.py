@@ -226,7 +226,7 @@ class Device:
     def _start_ref_runner(self) -> Worker:
         ev = self.ev
         w = self._spawn()
-        w.work_dir = tempfile.mkdtemp(prefix="refrun-", dir=ev.cache_dir)
+        w.work_dir = tempfile.mkdtemp(prefix="work-", dir=w.home or ev.cache_dir)
         if self.shared == "yes":
             problem = self.give_region(w)
             if problem is not None:

@@ -74,8 +74,7 @@ class Evaluation(Timing):
 
     # ------------------------------------------------------------------------------------------ the flow
     def run(self) -> EvalResult:
-        work = tempfile.mkdtemp(prefix="run-", dir=self.ev.cache_dir)
-        self.job["work_dir"] = work
+        work = None
         self.readout_dir = tempfile.mkdtemp(prefix="run-", dir=self.ev.readout_dir)   # (CPU) ours alone
         t_wait = time.monotonic()
         try:
@@ -83,6 +82,8 @@ class Evaluation(Timing):
                 self.phases[f"{'gpu' if self.ev.device == 'cuda' else 'cpu'}_wait"] = round(time.monotonic() - t_wait, 3)
                 self.details["phases"] = self.phases
                 self.w = self.dev.take_runner()
+                # Its work files (trials, shipped outputs) in its home, the one directory it writes in.
+                work = self.job["work_dir"] = work_dir(self.w, self.ev.cache_dir)
                 if self.w.arena is not None:
                     self.job["arena"] = {"fd": self.w.arena[0], "size": self.w.arena[1]}
                 if self.dev.shared == "yes" and self.w.fd_sock is not None:   # (GPU) its region, made now
@@ -104,7 +105,8 @@ class Evaluation(Timing):
                         self.details["stray_processes_killed"] = strays
                     self.dev.settle_spare(final=True)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(self.readout_dir, ignore_errors=True)
 
     def _drive(self, prepare: Future | None) -> EvalResult:
@@ -284,3 +286,8 @@ def trial_specs(opts) -> list[dict]:
 def _own_spec(opts) -> dict:
     return {"seed": secrets.randbits(31), "dist": "own", "weight_seed": 42, "perturb": False,
             "on_device": opts.inputs_on_device}
+
+
+def work_dir(w, cache_dir: str) -> str:
+    """A runner's work directory: in its home (a worker started by exec outside warm has none: the cache)."""
+    return tempfile.mkdtemp(prefix="work-", dir=w.home or cache_dir)

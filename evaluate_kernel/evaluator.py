@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import site
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -31,7 +33,7 @@ from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
 from .protocol import Worker, _preexec
 from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, own_dir, private_root, python_dirs,
-                      remove_tree, sweep_private_roots)
+                      remove_tree, sweep_private_roots, sweep_worker_homes)
 from .screen import screen
 from .verdict import physical_checks
 
@@ -105,8 +107,16 @@ class Evaluator:
         if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
-        self._namespace = None if problem else Namespace(read_only=read_only, writable=[self.cache_dir],
-                                                         hidden=[self._key_dir, self.readout_dir])
+        # Each builder and runner writes only in a directory of its own under cache/w (its home: a build's
+        # files, a runner's work files, every cache and scratch file), which no other worker sees; the rest
+        # of the cache is veiled but for the finished builds, read-only (namespace.py).
+        sweep_worker_homes(self.cache_dir)   # those of Evaluators killed before they could close
+        self._homes = os.path.join(self.cache_dir, "w", os.path.basename(self._private))
+        for d in (os.path.join(self.cache_dir, "ext"), os.path.join(self.cache_dir, "w"), self._homes):
+            own_dir(d)
+        self._namespace = None if problem else Namespace(read_only=read_only, writable=[],
+                                                         hidden=[self._key_dir, self.readout_dir],
+                                                         veiled=self.cache_dir)
         # Build markers are signed only where candidates cannot read the key; elsewhere the key is deleted
         # (this Evaluator's candidates could read or plant it) and only this Evaluator's own builds count.
         self._seal = None if problem else BuildSeal(self._key_dir)
@@ -166,7 +176,8 @@ class Evaluator:
             raise EvaluatorError("the evaluator is closed")
         h = source_hash(candidate_src)
         details: dict = {"source_hash": h[:16], "flags": []}
-        _caches(self.cache_dir)   # the cache's directories as we mean them, whatever the last candidate left
+        for d in (self.cache_dir, os.path.join(self.cache_dir, "ext"), self._homes):
+            own_dir(d)   # as we mean them, whatever was made of them outside our workers (sandbox.own_dir)
         verdict = screen(candidate_src)
         if verdict.status != "ok":
             return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
@@ -285,6 +296,8 @@ class Evaluator:
         private = getattr(self, "_private", None)
         if private and os.path.isdir(private):
             remove_tree(private, keep=self.log_dir)
+        if getattr(self, "_homes", None):
+            shutil.rmtree(self._homes, ignore_errors=True)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -312,9 +325,10 @@ class Evaluator:
         # variable of our own that eval_worker.py appends after site-packages (PYTHONPATH stays for the
         # programs a build runs).
         user_site = [d for d in [site.getusersitepackages()] if site.ENABLE_USER_SITE and d in sys.path]
-        # Caches that libraries keep under the home directory (read-only to workers in a namespace) go
-        # into the evaluator's cache instead: CUDA's JIT cache, Triton's, Inductor's, anything XDG.
-        caches = _caches(self.cache_dir)
+        # Caches that libraries keep under the home directory (read-only to workers in a namespace) go into
+        # a directory of ours instead (a builder's or runner's own home: new_worker): CUDA's JIT cache,
+        # Triton's, Inductor's, anything XDG, and scratch files.
+        caches = _caches(os.path.join(self._private, "caches"))
         return scrubbed_env(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=path,
                             PACEVOLVE_EVAL_PATH=os.pathsep.join(user_site + [path] if path else user_site),
                             **malloc, **caches, **extra)
@@ -335,15 +349,21 @@ class Evaluator:
         # made here, so the runner holds it from its start and the reference worker opens it through us. (A
         # GPU runner's region comes later, on its fd_channel: Device.give_region.)
         arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
-        return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
-                      namespace=self._worker_namespace(gpu) if warm else None, cpus=self.other_cpus if warm else None,
-                      dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None,
-                      fd_channel=fd_channel)
+        home = None
+        if warm:   # its home: the only directory it writes in, and every cache and scratch file goes there
+            home = tempfile.mkdtemp(prefix="", dir=self._homes)
+            env = dict(env, **_caches(home))
+        w = Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
+                   namespace=self._worker_namespace(gpu, home) if warm else None, cpus=self.other_cpus if warm else None,
+                   dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None,
+                   fd_channel=fd_channel, home=home, keep_home=self.opts.keep_worker_dirs)
+        return w
 
-    def _worker_namespace(self, gpu: bool) -> Namespace | None:
+    def _worker_namespace(self, gpu: bool, home: str) -> Namespace | None:
         if self._namespace is None:
             return None
-        return dataclasses.replace(self._namespace, gpu=gpu and self.device == "cuda")
+        return dataclasses.replace(self._namespace, gpu=gpu and self.device == "cuda",
+                                   shown=[(os.path.join(self.cache_dir, "ext"), False), (home, True)])
 
     def _start_fork_server(self) -> None:
         """(On the spawner thread, first of all.) The fork server, or why there is none (workers then

@@ -69,6 +69,7 @@ import math
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,8 +95,11 @@ class Worker:
     def __init__(self, env: dict[str, str], log_path: str, warm: bool = False, code_dir: str | None = None,
                  mark: str = "", namespace: Namespace | None = None, cpus: list[int] | None = None,
                  dies_with_parent: bool = False, arena: tuple[int, int] | None = None, forkserver=None,
-                 fd_channel: bool = False):
+                 fd_channel: bool = False, home: str | None = None, keep_home: bool = False):
         r, w = os.pipe()
+        # (Builders and runners) The one directory it writes in, ours to remove once it is dead, unless
+        # keep_home (a builder's files, which the parent moves first; kept for inspection by an option).
+        self.home, self.keep_home = home, keep_home
         self.arena = arena   # (CPU runners) (fd, size) of the input file the parent made for it; it closes with us
         self.on_kill = None   # called once when it is killed (a GPU runner's region is then freed)
         self.region = None    # (GPU runners) (reference worker's start, id, size, input bytes) of its region
@@ -242,6 +246,9 @@ class Worker:
         if self.on_kill is not None:
             closers.append(self.on_kill)
             self.on_kill = None
+        if self.home is not None and not self.keep_home:
+            closers.append(lambda home=self.home: shutil.rmtree(home, ignore_errors=True))
+            self.home = None
         for closer in closers:
             try:
                 closer()

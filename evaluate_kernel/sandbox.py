@@ -306,6 +306,23 @@ def sweep_private_roots() -> int:
     return removed
 
 
+def sweep_worker_homes(cache_dir: str) -> int:
+    """Remove the workers' homes (cache/w/NAME, NAME a private root's) of Evaluators that are gone: those of
+    this PID namespace whose private root is no longer there (sweep_private_roots removed it, or close()
+    did). Homes of Evaluators on other machines or containers sharing the cache are left alone."""
+    top, removed, here = os.path.join(cache_dir, "w"), 0, _pid_namespace()
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return 0
+    for name in names:
+        m = _ROOT_NAME.match(name)
+        if m and here and m.group(3) == here and not os.path.lexists(os.path.join(tempfile.gettempdir(), name)):
+            shutil.rmtree(os.path.join(top, name), ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def remove_tree(root: str, keep: str | None = None) -> None:
     """Remove a private root, except `keep` (a log directory inside it) where a log in it has something
     to say: a worker's error someone may read once the Evaluator is closed."""

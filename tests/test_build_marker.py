@@ -266,7 +266,7 @@ PLANT_MARKER = """
 import os
 d = os.environ["TORCH_EXTENSIONS_DIR"]
 os.makedirs(d, exist_ok=True)
-if not os.path.islink(d):   # in the builder (the runner finds the link below)
+if os.access(d, os.W_OK) and not os.statvfs(d).f_flag & os.ST_RDONLY:   # in the builder (its home)
     for name in ("BUILT", "build.log"):
         try:
             os.remove(os.path.join(d, name))
@@ -292,6 +292,51 @@ def test_a_candidate_cannot_have_its_marker_written_through_a_link(tmp_path):
         r = ev.evaluate(CHEAT.replace("CODE", repr(code[::-1])))
     assert r.correct, r.message
     assert victim.read_text() == "precious" and list(victim_dir.iterdir()) == []
+
+
+REWRITE_BUILDS = """
+import json, os
+tried = {}
+for top, _, files in os.walk(os.path.join(CACHE, "ext")):
+    for name in files:
+        path = os.path.join(top, name)
+        try:
+            with open(path, "r+b") as f:
+                f.write(bytes(64))   # a library's ELF header zeroed
+            tried[path] = "written"
+        except OSError as e:
+            tried[path] = e.errno
+for path in (os.path.join(CACHE, "shared.bin"), os.path.join(CACHE, "ext", "planted")):
+    try:
+        open(path, "wb").close()
+        tried[path] = "written"
+    except OSError as e:
+        tried[path] = e.errno
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "rewrite-" + os.urandom(8).hex()), "w") as f:
+    json.dump(tried, f)
+"""
+
+
+def test_no_candidate_can_write_a_build_or_anything_another_worker_reads(root):
+    """The finished builds are read-only to every builder and runner, and the cache beyond their own homes
+    is too: a builder that zeroed the ELF header of each new build right after its digest broke every later
+    candidate (runtime_error: invalid ELF header), and a runner that slept while another candidate's builder
+    computed its calls through a file in the cache read 10.4x against its twin's 1.0x (twenty-seventh red
+    team)."""
+    import errno
+    import json
+    with _evaluator(root, keep_worker_dirs=True) as ev:
+        built = ev.evaluate(HONEST_CPP)
+        assert built.status == "ok", built.message
+        r = ev.evaluate(CHEAT.replace("CODE", repr(REWRITE_BUILDS.replace("CACHE", repr(ev.cache_dir))[::-1])))
+        assert r.status == "ok", r.message
+        reports = [json.loads(p.read_text()) for p in Path(ev.cache_dir, "w").rglob("rewrite-*")]
+        again = ev.evaluate(HONEST_CPP)
+    assert len(reports) >= 2, r.message   # the builder's and the runner's
+    for tried in reports:
+        assert tried and all(v in (errno.EROFS, errno.EPERM, errno.EACCES) for v in tried.values()), tried
+        assert any(p.endswith(".so") for p in tried), tried
+    assert again.status == "ok" and again.details.get("build_cached") and "tampering" not in again.message, again.message
 
 
 # ------------------------------------------------------------------------------------------ the seal

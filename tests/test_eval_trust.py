@@ -370,8 +370,16 @@ def _trust_evaluator(root: Path, **options) -> ek.Evaluator:
     """The CPU evaluator of these tests: REF, with HELPER on its import path."""
     (root / "mods").mkdir()
     (root / "mods" / "pacevolve_helper.py").write_text(HELPER)
+    options.setdefault("keep_worker_dirs", True)   # candidates here report into their homes (_reports)
     return ek.Evaluator(REF, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
                         import_dirs=[str(root / "mods")], max_pairs=8, timing_s=1.5, run_timeout_s=60, **options)
+
+
+def _reports(ev, prefix: str) -> list:
+    """What candidates wrote into their homes (the only directories they write in: dirname of TMPDIR),
+    kept by keep_worker_dirs, as JSON."""
+    import json
+    return [json.loads(p.read_text()) for p in Path(ev.cache_dir, "w").rglob(prefix + "*") if p.is_file()]
 
 
 def test_import_dirs_reach_every_worker_and_logs_stay_in_log_dir(ev):
@@ -419,6 +427,24 @@ def test_a_cached_build_whose_libraries_changed_is_rebuilt(ev):
     assert not (build_dir / "planted.so").exists()
     third = ev.evaluate(src)
     assert third.details.get("build_cached") and "tampering" not in third.message
+
+
+FILL = """
+import os
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "left-behind"), "wb") as f:
+    f.truncate(64 << 20)
+"""
+
+
+def test_what_a_candidate_writes_goes_with_it(tmp_path):
+    """A builder's and a runner's files lie in their homes, removed once they are dead: a candidate that
+    filled the cache's disk once left every later candidate failing (twenty-seventh red team)."""
+    with _trust_evaluator(tmp_path, keep_worker_dirs=False) as ev:
+        r = ev.evaluate(AT_IMPORT.replace("CODE", repr(FILL[::-1])))
+        assert r.status == "ok", r.message
+        assert not list(Path(ev.cache_dir).rglob("left-behind"))
+        homes = Path(ev.cache_dir, "w")
+    assert not [p for p in homes.rglob("*") if p.is_file()]   # nothing of any worker once it is closed
 
 
 def test_device_info_is_public(ev):
@@ -513,6 +539,10 @@ for d in TARGETS:
 # later process), the temp directory, /sys, and the kernel's knobs under /proc.
 report["read_only"] = {p: bool(os.statvfs(p).f_flag & os.ST_RDONLY) for p in ["/", "/sys", "/proc/sys", TMPROOT]}
 report["cache_writable"] = not os.statvfs(os.path.dirname(REPORT)).f_flag & os.ST_RDONLY
+# The cache itself: veiled, but for the finished builds (read-only) and the worker's own home.
+report["cache_root_writable"] = not os.statvfs(CACHE).f_flag & os.ST_RDONLY
+report["cache_seen"] = sorted(os.listdir(CACHE))
+report["homes_seen"] = [len(os.listdir(os.path.join(CACHE, "w", d))) for d in os.listdir(os.path.join(CACHE, "w"))]
 # The machine's lock files: taken away, or a directory put in their place, every later evaluation on the
 # machine would crash or stop taking turns.
 for name in os.listdir(LOCKS):
@@ -596,9 +626,10 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
     import site
     targets = [str(Path(ek.__file__).parent), str(REPO), os.path.expanduser("~"), site.getsitepackages()[0]]
     marker = f"pacevolve-test-escape-{os.getpid()}-{time.monotonic_ns()}"
-    report = os.path.join(ev.cache_dir, f"probe-{time.monotonic_ns()}")
+    report = f"probe-{time.monotonic_ns()}"   # in the worker's home
     locks = os.path.dirname(eval_common.lock_path("pch.lock"))
-    code = (PROBE_CODE.replace("TARGETS", repr(targets)).replace("REPORT", repr(report)).replace("MARKER", marker)
+    code = (PROBE_CODE.replace("TARGETS", repr(targets)).replace("CACHE", repr(ev.cache_dir))
+            .replace("REPORT", f'os.path.join(os.path.dirname(os.environ["TMPDIR"]), {report!r})').replace("MARKER", marker)
             .replace("LOCKS", repr(locks)).replace("TMPROOT", repr(tempfile.gettempdir()))
             .replace("KEYDIR", repr(eval_sandbox.default_key_dir())))
     src = PROBE.replace("CODE", repr(code[::-1]))
@@ -610,9 +641,7 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
     left = _alive_with(marker)
     for pid in left:
         os.kill(pid, 9)
-    import json
-    reports = [json.loads(Path(ev.cache_dir, n).read_text()) for n in os.listdir(ev.cache_dir)
-               if n.startswith(os.path.basename(report))]
+    reports = _reports(ev, report)
     for d in targets:
         try:
             os.remove(os.path.join(d, "pacevolve-probe.pth"))
@@ -624,6 +653,7 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
         assert rep["handles"] and all(v != "written" for v in rep["handles"].values()), rep["handles"]
         assert rep["locks"] and all(v != "replaced" for v in rep["locks"].values()), rep["locks"]
         assert all(rep["read_only"].values()) and rep["cache_writable"], rep["read_only"]
+        assert not rep["cache_root_writable"] and rep["cache_seen"] == ["ext", "w"] and rep["homes_seen"] == [1], rep
         assert rep["network"] != "connected", rep["network"]
         assert os.getpid() not in rep["visible"] and rep["pid"] < 100, rep
         assert rep["caps"] and all(int(v, 16) == 0 for v in rep["caps"].values()), rep["caps"]
@@ -696,11 +726,10 @@ def test_links_and_fifos_in_the_work_directory_reach_nothing(ev, tmp_path):
 
 KEEP_OUT = """
 import json, os
-root = os.path.dirname(os.environ["TMPDIR"])
-tmp = os.environ["TMPDIR"]
+root, home, tmp = CACHE, os.path.dirname(os.environ["TMPDIR"]), os.environ["TMPDIR"]
 seen = {}
 for name, calls in (("chmod", [(os.chmod, root, 0)]), ("chmod_ext", [(os.chmod, os.path.join(root, "ext"), 0)]),
-                    ("chown", [(os.chown, root, 1, 1)]),
+                    ("chmod_home", [(os.chmod, home, 0)]), ("chown", [(os.chown, root, 1, 1)]),
                     ("acl", [(os.setxattr, root, "system.posix_acl_access", bytes(4))]),
                     ("tmp_replaced", [(os.rename, tmp, tmp + "-gone"), (os.mkdir, tmp, 0)])):
     try:
@@ -709,7 +738,7 @@ for name, calls in (("chmod", [(os.chmod, root, 0)]), ("chmod_ext", [(os.chmod, 
         seen[name] = "done"
     except OSError as e:
         seen[name] = e.errno
-with open(os.path.join(root, "keep-out-report"), "w") as f:
+with open(os.path.join(home, "keep-out-report"), "w") as f:
     json.dump(seen, f)
 """
 
@@ -722,17 +751,18 @@ def test_a_candidate_cannot_keep_later_candidates_out_of_the_cache(tmp_path):
     with _trust_evaluator(tmp_path) as ev:
         if ev.isolation != "pid+mount+net namespace":
             pytest.skip(f"no namespace here: {ev.isolation}")
-        r = ev.evaluate(LINKS.replace("CODE", repr(KEEP_OUT[::-1])))
+        r = ev.evaluate(LINKS.replace("CODE", repr(KEEP_OUT.replace("CACHE", repr(ev.cache_dir))[::-1])))
         assert r.status == "ok", r.message
-        import json
-        seen = json.loads(Path(ev.cache_dir, "keep-out-report").read_text())
-        assert {k: v for k, v in seen.items() if k != "tmp_replaced"} == dict.fromkeys(
-            ("chmod", "chmod_ext", "chown", "acl"), 1), seen   # EPERM
-        assert seen["tmp_replaced"] == "done"   # a rename and a mkdir are the cache's ordinary use
+        reports = _reports(ev, "keep-out-report")
+        assert reports, r.message
+        for seen in reports:
+            assert {k: v for k, v in seen.items() if k != "tmp_replaced"} == dict.fromkeys(
+                ("chmod", "chmod_ext", "chmod_home", "chown", "acl"), 1), seen   # EPERM
+            assert seen["tmp_replaced"] == "done"   # a rename and a mkdir in its own home are ordinary use
         after = ev.evaluate(HONEST)
         assert after.status == "ok", after.message
         assert os.stat(ev.cache_dir).st_mode & 0o700 == 0o700
-        assert os.stat(os.path.join(ev.cache_dir, "tmp")).st_mode & 0o700 == 0o700
+        assert os.stat(os.path.join(ev.cache_dir, "ext")).st_mode & 0o700 == 0o700
 
 
 MOVE_CORES = """
@@ -744,7 +774,7 @@ try:
     answer = "done"
 except OSError as e:
     answer = e.errno
-with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "cores-%d-%d" % (os.getpid(), id(target))), "w") as f:
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "cores-" + os.urandom(8).hex()), "w") as f:
     json.dump({"before": before, "target": sorted(target), "answer": answer,
                "after": sorted(os.sched_getaffinity(0))}, f)
 """
@@ -768,11 +798,10 @@ def test_a_builder_cannot_move_to_other_cores(ev):
     """Candidate code runs in the builder (its import) while other candidates' batches are timed, and on a
     GPU while the baseline is measured: its calls to move onto other cores (or raise its priority) report
     success and do nothing; in the runner they fail."""
-    import json
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one core: nowhere to move")
     r = ev.evaluate(AT_IMPORT.replace("CODE", repr(MOVE_CORES[::-1])))
-    reports = [json.loads(p.read_text()) for p in Path(ev.cache_dir).glob("cores-*")]
+    reports = _reports(ev, "cores-")
     assert reports, r.message
     assert all(rep["after"] == rep["before"] for rep in reports), reports
     assert any(rep["answer"] == "done" for rep in reports), reports   # the builder's
@@ -796,9 +825,8 @@ def test_no_worker_can_start_an_io_uring(ev):
     """A ring's kernel thread polls on whichever core the ring names (SQ_AFF), whatever the caller's
     affinity, and goes on after the caller is stopped: a builder's spun on the runner's core at 95%
     (twenty-seventh red team). io_uring_setup fails with EPERM in the builder and in the runner alike."""
-    import json
     r = ev.evaluate(AT_IMPORT.replace("CODE", repr(IO_URING[::-1])))
-    reports = [json.loads(p.read_text()) for p in Path(ev.cache_dir).glob("ring-*")]
+    reports = _reports(ev, "ring-")
     assert len(reports) >= 2, r.message   # the builder's and the runner's (trial models import it again)
     assert all(rep["answer"] == 1 for rep in reports), reports
     assert r.status == "ok", r.message

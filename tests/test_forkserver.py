@@ -104,7 +104,7 @@ LEAVE = CANDIDATE.replace("CODE", repr(LEAVE_CODE[::-1])).replace("ZERO", "0")
 def ev(tmp_path_factory):
     root = tmp_path_factory.mktemp("forks")
     e = ek.Evaluator(RELU, device="cpu", cache_dir=str(root / "cache"), log_dir=str(root / "logs"),
-                     max_pairs=8, timing_s=1.0, run_timeout_s=60)
+                     max_pairs=8, timing_s=1.0, run_timeout_s=60, keep_worker_dirs=True)
     yield e
     e.close()
 
@@ -120,12 +120,11 @@ def test_what_a_candidate_leaves_behind_is_not_seen_by_the_next(ev):
     assert ev.fork_server == "on", ev.fork_server
     first = ev.evaluate(LEAVE)
     assert first.correct, first.message
-    report = os.path.join(ev.cache_dir, f"seen-{time.monotonic_ns()}")
-    see = SEE_CODE.replace("REPORT", repr(report))
+    report = f"seen-{time.monotonic_ns()}"   # in each worker's home, the one directory it writes in
+    see = SEE_CODE.replace("REPORT", f'os.path.join(os.path.dirname(os.environ["TMPDIR"]), {report!r})')
     second = ev.evaluate(CANDIDATE.replace("CODE", repr(see[::-1])).replace("ZERO", "0.0"))
     assert second.correct, second.message
-    seen = [json.loads(Path(ev.cache_dir, n).read_text()) for n in os.listdir(ev.cache_dir)
-            if n.startswith(os.path.basename(report))]
+    seen = [json.loads(p.read_text()) for p in Path(ev.cache_dir, "w").rglob(report + "*")]
     assert len(seen) >= 2, seen   # the builder and the runner
     for s in seen:
         assert not any(s[k] for k in ("env", "module", "handler", "thread", "shm", "sysv", "key")), s
