@@ -215,9 +215,17 @@ class Evaluator:
         return self._checked(result)
 
     def _checked(self, result: EvalResult) -> EvalResult:
-        """A verdict reached while the evaluator was being closed is not about the candidate."""
+        """A verdict reached while the evaluator was being closed is not about the candidate, nor is a
+        failure while the cache's file system is full: a candidate alive at the same time may have filled
+        it from its home (twenty-seventh red team: every candidate after one that did failed)."""
         if self._closed:
             raise EvaluatorError("the evaluator was closed while this candidate was evaluated (no verdict)")
+        if result.status not in ("ok", "invalid"):
+            free = free_bytes(self.cache_dir)
+            if free < MIN_FREE_BYTES:
+                raise EvaluatorError(f"the build cache's file system ({self.cache_dir}) has {free >> 20} MiB free, "
+                                     f"under {MIN_FREE_BYTES >> 20} MiB: this {result.status} may be the disk's, "
+                                     "not the candidate's (no verdict); free some space and resume")
         return result
 
     def baseline_ms(self, gpu: int | None = None) -> float:
@@ -479,6 +487,17 @@ class Evaluator:
         return EvalResult("rejected", message=f"rejected: {self._tamper_note} while this candidate ran; a "
                           "candidate may write only inside its build directory", details=details)
 
+
+
+MIN_FREE_BYTES = 1 << 30   # a failure with less free in the cache's file system is not the candidate's
+
+
+def free_bytes(path: str) -> int:
+    """Bytes free to us on path's file system (a large number where it cannot be read)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 1 << 62
 
 
 def _caches(root: str) -> dict[str, str]:

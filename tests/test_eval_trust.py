@@ -447,6 +447,17 @@ def test_what_a_candidate_writes_goes_with_it(tmp_path):
     assert not [p for p in homes.rglob("*") if p.is_file()]   # nothing of any worker once it is closed
 
 
+def test_a_failure_while_the_caches_disk_is_full_is_no_verdict(ev, monkeypatch):
+    """A candidate alive at the same time can fill the cache's file system from its home, and every other
+    candidate then fails for want of space: such a failure raises EvaluatorError (the run stops, nothing is
+    stored) instead of being returned as the candidate's verdict; a success is still one."""
+    from evaluate_kernel import evaluator as ev_module
+    monkeypatch.setattr(ev_module, "free_bytes", lambda path: 5 << 20)
+    with pytest.raises(ek.EvaluatorError, match="5 MiB free"):
+        ev.evaluate(HONEST.replace("return", "raise RuntimeError('no space left'); return", 1))
+    assert ev.evaluate(HONEST).status == "ok"
+
+
 def test_device_info_is_public(ev):
     info = ev.device_info()
     assert info["device_name"] == "cpu" and "torch" in info and "ref_names" not in info
