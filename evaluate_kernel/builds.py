@@ -18,6 +18,7 @@ import fcntl
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -253,17 +254,30 @@ def _open_ext(cache_dir: str) -> int:
 
 def _settle(built: str, ext: str, name: str) -> None:
     """A dead builder's build directory moved to ext/name (ext: our descriptor's path), or copied where the
-    two lie on different file systems; made ours (sandbox.own_dir) either way."""
+    two lie on different file systems; made ours (sandbox.own_dir) either way, with no set-user-ID or
+    set-group-ID file in it (the builder is root: a file it created with such a mode would run as root for
+    anyone who can reach the cache). What cannot be moved or copied leaves an empty directory: the runner
+    then finds no build, the candidate's failure."""
     target = os.path.join(ext, name)
     shutil.rmtree(target, ignore_errors=True)
-    if not os.path.isdir(built) or os.path.islink(built):
-        own_dir(target)   # nothing built (a source without extensions): an empty directory, ours
-        return
-    try:
-        os.rename(built, target)
-    except OSError:
-        shutil.copytree(built, target, symlinks=True)
+    if os.path.isdir(built) and not os.path.islink(built):
+        try:
+            os.rename(built, target)
+        except OSError:
+            try:
+                shutil.copytree(built, target, symlinks=True)
+            except (OSError, shutil.Error):
+                shutil.rmtree(target, ignore_errors=True)
     own_dir(target)
+    for here, _, files in os.walk(target):
+        for f in files:
+            path = os.path.join(here, f)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            except OSError:
+                pass
 
 
 def _library_digest(ext: str, h: str) -> str:

@@ -339,6 +339,29 @@ def test_no_candidate_can_write_a_build_or_anything_another_worker_reads(root):
     assert again.status == "ok" and again.details.get("build_cached") and "tampering" not in again.message, again.message
 
 
+SET_UID = """
+import os
+d = os.environ["TORCH_EXTENSIONS_DIR"]
+os.makedirs(d, exist_ok=True)
+if not os.statvfs(d).f_flag & os.ST_RDONLY:   # in the builder (its home)
+    os.close(os.open(os.path.join(d, "run-as-root"), os.O_CREAT | os.O_WRONLY, 0o6755))
+"""
+
+
+def test_a_build_holds_no_set_user_id_file(tmp_path):
+    """The builder is root (without capabilities): a file it creates with mode 6755 is a set-user-ID root
+    program, and its build directory becomes part of the cache. The parent clears those bits when it
+    moves the build there."""
+    import stat
+    with _evaluator(tmp_path / "root") as ev:
+        r = ev.evaluate(CHEAT.replace("CODE", repr(SET_UID[::-1])))
+        ext = Path(ev.cache_dir, "ext")
+        modes = {p.name: p.lstat().st_mode for p in ext.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert r.correct, r.message
+    assert "run-as-root" in modes, modes
+    assert not [n for n, m in modes.items() if m & (stat.S_ISUID | stat.S_ISGID)], {n: oct(m) for n, m in modes.items()}
+
+
 # ------------------------------------------------------------------------------------------ the seal
 @settings(max_examples=30, deadline=None)
 @given(st.text("0123456789abcdef", min_size=1, max_size=64), st.text("0123456789abcdef", min_size=1, max_size=64),
