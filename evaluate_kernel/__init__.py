@@ -44,7 +44,8 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   network (a timer, or a paced socket's, fires on the reference's core while the runner is stopped). In
   the namespace every file system but its own home and /dev/shm is read-only to it; of the cache it sees
   only the finished builds (read-only) and its home, and no worker sees another's (a builder builds in
-  its home; the parent moves the build once the builder is dead), /dev holds only null,
+  its home; the parent moves the build once the builder is dead), nor the workers' logs; it cannot make
+  a FIFO, /dev holds only null,
   zero, full, random, urandom and the GPU's nodes, and it holds no capability (no remount, no file
   handles), no keyring and no further namespace; its IPC namespace and session are its own. A builder
   stays on the cores it was given too (its moves and priority changes do nothing). No worker may change
@@ -72,7 +73,9 @@ Outputs of calls not chosen for checking are bound only by their digests or the 
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
 runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
-writable to candidates (and, without a namespace, /dev/shm). Not supported: inputs that hold tensors
+writable to candidates (and, without a namespace, /dev/shm). In the namespace a worker is still root
+(without capabilities): it reads files only root may read, which its messages may quote to the LLM, and
+it may connect to a socket file of the machine's that another candidate reaches too. Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
 Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
 import or in the constructor); parameters folded into constants at construction (the perturbed-weights

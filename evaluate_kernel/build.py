@@ -226,8 +226,15 @@ def _built_under_another_name(root: str, anonymous: str) -> tuple[str, str] | No
 
 def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
     # The precompiled torch/extension.h lives inside torch's install dir and is shared: build it under a
-    # file lock so concurrent builders never read a half-written header.
-    with open_lock(lock_path) as lock:   # made by the parent; read-only in the namespace
+    # file lock so concurrent builders never read a half-written header. In the namespace the lock is
+    # hidden (a candidate holding it stalled every other build) and torch's directory read-only: the
+    # parent brought the header up to date before any build, and the check here only reads it.
+    try:
+        lock = open_lock(lock_path)
+    except OSError:
+        ce._check_and_build_extension_h_precompiler_headers(cflags, None)
+        return
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ce._check_and_build_extension_h_precompiler_headers(cflags, None)
 

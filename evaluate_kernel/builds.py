@@ -28,7 +28,7 @@ from concurrent.futures import Executor, Future
 from .build import FULL_HEADER_RETRY, _pch_writable, pch_state, trim_compiler_output
 from .common import EvalResult, EvaluatorError, lock_path, open_lock
 from .protocol import Worker
-from .sandbox import BuildSeal, library_digest, own_dir, read_plain, write_under
+from .sandbox import BuildSeal, library_digest, own_dir, read_plain, remove_all, walk, write_under
 
 
 class Builds:
@@ -84,13 +84,13 @@ class Builds:
                     "with another key, or forged); rebuilt" if self._seal else
                     "a cached build from another Evaluator is not trusted without a namespace (candidates could "
                     "forge its marker); rebuilt")
-                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
+                remove_all(os.path.dirname(marker))
             if self._pch is not None and _wants_pch(src):
                 self._pch.result()
             with self._sem:
                 # No marker: whatever stands at the build's directory is no build of ours (a failed one), so
                 # it goes; the builder builds in its own home, and the build comes here once it is dead.
-                shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
+                remove_all(os.path.dirname(marker))
                 t0 = time.monotonic()
                 tampered = ev.tamper_events
                 w = self._take_builder()
@@ -114,16 +114,19 @@ class Builds:
                     details["build_wall_s"] = round(time.monotonic() - t0, 3)
                     # The build's log stays in our log directory: moved into the cache, it went through a
                     # link the candidate put there (root wrote its text anywhere) or was read through one.
+                unfit = None
                 try:
                     # Every process of the builder is dead: what its home holds now is what it built, and
                     # no candidate's process can write where it goes (the finished builds are read-only).
                     if home and isinstance(msg, dict) and msg.get("kind") == "built":
-                        _settle(os.path.join(home, "build"), ext, h[:16])
+                        unfit = _settle(os.path.join(home, "build"), ext, h[:16])
                 finally:
                     if home and not ev.opts.keep_worker_dirs:
-                        shutil.rmtree(home, ignore_errors=True)
+                        remove_all(home)
                 if isinstance(msg, EvalResult):
                     return msg
+                if unfit:
+                    return EvalResult("rejected", message=f"rejected: the build left {unfit}", details=details)
             bad = ev.tamper_verdict(tampered, None, details)
             if bad is not None:
                 return bad
@@ -235,7 +238,8 @@ class Builds:
         # Builds never see a GPU (no device node in their namespace; the variable is for a builder without
         # one): candidate module-level code cannot disturb a timing in progress.
         return self.ev.spawn_warm(self.ev.env(CUDA_VISIBLE_DEVICES=""),
-                                  os.path.join(self.ev.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False)
+                                  os.path.join(self.ev.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False,
+                                  builder=True)
 
 
 
@@ -252,32 +256,59 @@ def _open_ext(cache_dir: str) -> int:
     raise EvaluatorError(f"the build cache's ext directory keeps being replaced: {problem}")
 
 
-def _settle(built: str, ext: str, name: str) -> None:
+MAX_BUILD_ENTRIES, MAX_BUILD_DEPTH, MAX_BUILD_BYTES = 20000, 32, 4 << 30   # a build's tree, at most
+
+
+def _settle(built: str, ext: str, name: str) -> str | None:
     """A dead builder's build directory moved to ext/name (ext: our descriptor's path), or copied where the
-    two lie on different file systems; made ours (sandbox.own_dir) either way, with no set-user-ID or
-    set-group-ID file in it (the builder is root: a file it created with such a mode would run as root for
-    anyone who can reach the cache). What cannot be moved or copied leaves an empty directory: the runner
-    then finds no build, the candidate's failure."""
+    two lie on different file systems, and made ours (sandbox.own_dir). Before the move, what no build
+    holds is taken out of it: FIFOs, sockets and device nodes (a FIFO moved into the finished builds, which
+    are read-only but can still be opened for writing, carried one candidate's inputs to another's builder:
+    8.7x over the twin, twenty-eighth red team), and set-user-ID and set-group-ID bits (a worker is root: a
+    file it creates with mode 6755 would be a root program for anyone who reaches the cache). Returns what
+    is wrong with a tree no build is (too deep, too many files, too large: the parent walks and digests
+    it), which is then not moved; an empty directory stands at ext/name either way."""
     target = os.path.join(ext, name)
-    shutil.rmtree(target, ignore_errors=True)
+    remove_all(target)
+    unfit = None
     if os.path.isdir(built) and not os.path.islink(built):
-        try:
-            os.rename(built, target)
-        except OSError:
+        unfit = _tidy(built)
+        if unfit is None:
             try:
-                shutil.copytree(built, target, symlinks=True)
-            except (OSError, shutil.Error):
-                shutil.rmtree(target, ignore_errors=True)
+                os.rename(built, target)
+            except OSError:
+                try:
+                    shutil.copytree(built, target, symlinks=True)
+                except (OSError, shutil.Error):
+                    remove_all(target)
     own_dir(target)
-    for here, _, files in os.walk(target):
-        for f in files:
+    return unfit
+
+
+def _tidy(top: str) -> str | None:
+    """Take out of a build's tree what no build holds (see _settle); what is wrong with it, or None."""
+    entries, size = 0, 0
+    for here, dirs, others in walk(top):
+        if os.path.relpath(here, top).count(os.sep) >= MAX_BUILD_DEPTH:
+            return f"a directory tree deeper than {MAX_BUILD_DEPTH} levels"
+        entries += len(dirs) + len(others)
+        if entries > MAX_BUILD_ENTRIES:
+            return f"more than {MAX_BUILD_ENTRIES} files"
+        for f in others:
             path = os.path.join(here, f)
             try:
                 st = os.lstat(path)
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    os.unlink(path)
+                    continue
+                size += st.st_size
                 if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                     os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
             except OSError:
                 pass
+        if size > MAX_BUILD_BYTES:
+            return f"more than {MAX_BUILD_BYTES >> 30} GiB of files"
+    return None
 
 
 def _library_digest(ext: str, h: str) -> str:

@@ -70,12 +70,15 @@ _CLONE_THREAD = 0x00010000
 # (sandbox.own_dir). (GNU ld's chmod of the library it wrote is one whose failure it ignores.) And
 # io_uring_setup, _enter, _register in the builder too: a ring's kernel thread polls on whichever core the
 # ring names (SQ_AFF), whatever its caller's affinity, and goes on after the caller is stopped (a builder's
-# spun on the runner's core at 95%: twenty-seventh red team). No compiler uses io_uring.
+# spun on the runner's core at 95%: twenty-seventh red team). No compiler uses io_uring. And mknod,
+# mknodat: a FIFO can be opened for writing on a read-only mount, and one a builder left in its build
+# (moved into the finished builds) carried one candidate's inputs to another's builder (8.7x over the
+# twin on the CPU: twenty-eighth red team). No build makes a FIFO or a device node.
 _NAMESPACE_CALLS = {"x86_64": (248, 249, 250, 272, 308,
                                90, 91, 92, 93, 94, 260, 268, 452, 188, 189, 190, 197, 198, 199, 463, 466,
-                               425, 426, 427),
+                               425, 426, 427, 133, 259),
                     "aarch64": (217, 218, 219, 97, 268,
-                                52, 53, 54, 55, 452, 5, 6, 7, 14, 15, 16, 463, 466, 425, 426, 427)}
+                                52, 53, 54, 55, 452, 5, 6, 7, 14, 15, 16, 463, 466, 425, 426, 427, 33)}
 # ... and clone with any CLONE_NEW* flag (NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET).
 _CLONE_NEW = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 

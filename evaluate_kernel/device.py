@@ -10,7 +10,6 @@ import collections
 import fcntl
 import os
 import secrets
-import shutil
 import signal
 import statistics
 import tempfile
@@ -18,6 +17,7 @@ import threading
 
 from . import vmm
 from .common import lock_path, open_lock
+from .sandbox import remove_all
 from .protocol import Worker
 
 HOST_LOOPS_KEPT = 2000   # (GPU) the latest host loops before batches (timing.host_loop): their low quantile is the steady time
@@ -246,7 +246,7 @@ class Device:
         w, self.ref_runner = self.ref_runner, None
         if w is not None:
             w.discard()
-            shutil.rmtree(getattr(w, "work_dir", ""), ignore_errors=True)
+            remove_all(getattr(w, "work_dir", "") or "/nonexistent")
 
     def close(self) -> None:
         for w in self.spares:

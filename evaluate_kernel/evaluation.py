@@ -42,7 +42,7 @@ from .verdict import failure as _failure, forged as _forged
 from .device import Device, FileLock, NullCtx
 from .protocol import Worker
 from .stopped import running_states, stop
-from .sandbox import find_processes, kill_processes
+from .sandbox import find_processes, kill_processes, remove_all
 from .timing import Timing, _Answered
 
 
@@ -106,7 +106,7 @@ class Evaluation(Timing):
                     self.dev.settle_spare(final=True)
         finally:
             if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
+                remove_all(work)
             shutil.rmtree(self.readout_dir, ignore_errors=True)
 
     def _drive(self, prepare: Future | None) -> EvalResult:

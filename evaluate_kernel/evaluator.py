@@ -33,7 +33,7 @@ from .host_batches import ALIGN, MAX_SHIFT, new_memfd
 from .namespace import Namespace, namespace_problem
 from .protocol import Worker, _preexec
 from .sandbox import (BuildSeal, PrivateCode, default_key_dir, forget_key, own_dir, private_root, python_dirs,
-                      remove_tree, sweep_private_roots, sweep_worker_homes)
+                      remove_all, remove_tree, sweep_private_roots, sweep_worker_homes)
 from .screen import screen
 from .verdict import physical_checks
 
@@ -97,16 +97,22 @@ class Evaluator:
         problem = namespace_problem() if self.opts.isolate else "turned off (isolate=False)"
         self._key_dir = os.path.abspath(key_dir or default_key_dir())
         # Read-only for candidates: the code they run, the Python installation, the import directories, the
-        # project this package sits in (a candidate must not rewrite the search that runs it), the home
-        # directory (startup files) and the machine's lock files; the cache, bound writable first, stays
-        # writable inside them.
+        # project this package sits in (a candidate must not rewrite the search that runs it) and the home
+        # directory (startup files). Hidden from them: the build-marker key, the parent's readout files,
+        # the workers' logs (a runner wrote its inputs to its own log and another candidate's builder, alive
+        # at the same time, read them there and answered in its own: 5.8x over the twin on the CPU,
+        # twenty-eighth red team) and, from builders, the machine's lock files (a builder held a device's
+        # turn for 45 s; one holding the precompiled header's lock would stall every other build).
         home = os.path.expanduser("~")
         locks = os.path.dirname(lock_path("pch.lock"))
         read_only = [self._code.import_dir, self._code.source_dir, os.path.dirname(self._code.source_dir),
-                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else []), locks]
+                     *python_dirs(), *self.import_dirs, *([home] if home not in ("/", "") else [])]
         if any(os.path.commonpath([self._key_dir, d]) == self._key_dir
                for d in [self.cache_dir, self.log_dir, *read_only]):
             raise ValueError(f"key_dir {self._key_dir} must not contain the cache, log, code or import directories")
+        if any(os.path.commonpath([self.log_dir, d]) == self.log_dir for d in [self.cache_dir, *read_only]):
+            raise ValueError(f"log_dir {self.log_dir} must not contain the cache, code or import directories "
+                             "(it is hidden from candidates)")
         # Each builder and runner writes only in a directory of its own under cache/w (its home: a build's
         # files, a runner's work files, every cache and scratch file), which no other worker sees; the rest
         # of the cache is veiled but for the finished builds, read-only (namespace.py).
@@ -115,8 +121,9 @@ class Evaluator:
         for d in (os.path.join(self.cache_dir, "ext"), os.path.join(self.cache_dir, "w"), self._homes):
             own_dir(d)
         self._namespace = None if problem else Namespace(read_only=read_only, writable=[],
-                                                         hidden=[self._key_dir, self.readout_dir],
+                                                         hidden=[self._key_dir, self.readout_dir, self.log_dir],
                                                          veiled=self.cache_dir)
+        self._locks = locks   # visible (read-only) to runners, whose spares take a device's turn to warm up
         # Build markers are signed only where candidates cannot read the key; elsewhere the key is deleted
         # (this Evaluator's candidates could read or plant it) and only this Evaluator's own builds count.
         self._seal = None if problem else BuildSeal(self._key_dir)
@@ -305,7 +312,7 @@ class Evaluator:
         if private and os.path.isdir(private):
             remove_tree(private, keep=self.log_dir)
         if getattr(self, "_homes", None):
-            shutil.rmtree(self._homes, ignore_errors=True)
+            remove_all(self._homes)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -348,7 +355,7 @@ class Evaluator:
         return job
 
     def new_worker(self, env: dict[str, str], log_path: str, warm: bool = False, forked_ref: bool = False,
-                   fd_channel: bool = False, gpu: bool = True) -> Worker:
+                   fd_channel: bool = False, gpu: bool = True, builder: bool = False) -> Worker:
         """A worker running the private copy of our code, checked just before it starts. Warm workers
         (builders and runners: they run candidate code) start in the namespace when there is one. Every
         worker dies with the thread that started it: start them through spawn_warm or spawn_ref."""
@@ -362,16 +369,18 @@ class Evaluator:
             home = tempfile.mkdtemp(prefix="", dir=self._homes)
             env = dict(env, **_caches(home))
         w = Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
-                   namespace=self._worker_namespace(gpu, home) if warm else None, cpus=self.other_cpus if warm else None,
+                   namespace=self._worker_namespace(gpu, home, builder) if warm else None,
+                   cpus=self.other_cpus if warm else None,
                    dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None,
                    fd_channel=fd_channel, home=home, keep_home=self.opts.keep_worker_dirs)
         return w
 
-    def _worker_namespace(self, gpu: bool, home: str) -> Namespace | None:
+    def _worker_namespace(self, gpu: bool, home: str, builder: bool) -> Namespace | None:
         if self._namespace is None:
             return None
         return dataclasses.replace(self._namespace, gpu=gpu and self.device == "cuda",
-                                   shown=[(os.path.join(self.cache_dir, "ext"), False), (home, True)])
+                                   shown=[(os.path.join(self.cache_dir, "ext"), False), (home, True)],
+                                   hidden=self._namespace.hidden + ([self._locks] if builder else []))
 
     def _start_fork_server(self) -> None:
         """(On the spawner thread, first of all.) The fork server, or why there is none (workers then
@@ -407,12 +416,13 @@ class Evaluator:
         except RuntimeError:  # the spawner is shut down: closing
             return self.new_worker(env, log_path, fd_channel=fd_channel)
 
-    def spawn_warm(self, env: dict[str, str], log_path: str, fd_channel: bool = False, gpu: bool = True) -> Worker:
+    def spawn_warm(self, env: dict[str, str], log_path: str, fd_channel: bool = False, gpu: bool = True,
+                   builder: bool = False) -> Worker:
         """A worker that imports torch at once, started from one long-lived thread: workers die with the
         thread that started them (_die_with_parent_preexec), and evaluation threads may be short-lived.
         gpu: the GPU's device nodes in its namespace (runners on a GPU only)."""
         def start() -> Worker:
-            w = self.new_worker(env, log_path, warm=True, fd_channel=fd_channel, gpu=gpu)
+            w = self.new_worker(env, log_path, warm=True, fd_channel=fd_channel, gpu=gpu, builder=builder)
             if self.other_cpus:
                 try:
                     os.sched_setaffinity(w.proc.pid, self.other_cpus)

@@ -12,8 +12,8 @@ before any worker code runs (a worker never runs with less protection than the E
   a git hook, a sysctl; /dev is the namespace's own too, holding only null, zero, full, random, urandom
   and, for a runner on a GPU, the GPU's nodes (a builder's environment hides the GPU, but its candidate
   code could change that variable before CUDA starts, and use the GPU while another candidate is timed);
-* the `hidden` directories (the build-marker key's) are covered by an empty read-only tmpfs, last, so
-  they stay hidden inside a read-only or writable one;
+* the `hidden` directories (the build-marker key's, the workers' logs, the machine's lock files) are
+  covered by an empty read-only tmpfs, last, so they stay hidden inside a read-only or writable one;
 * the `veiled` directory (the cache) is covered by an empty read-only tmpfs too, through which only the
   directories `shown` appear, at their own paths: the finished builds (read-only) and the worker's own
   directory (writable). No two workers share a writable directory, and none sees another's: a runner
@@ -129,7 +129,8 @@ def enter(spec: dict) -> None:
     if spec.get("veiled"):
         keep.update(_veil(spec["veiled"], shown))
     for d in spec["hidden"]:
-        _mount("pacevolve-hidden", d, "tmpfs", _MS_RDONLY, "size=4k,mode=0500")
+        if os.path.isdir(d):   # (one inside the veil is hidden already)
+            _mount("pacevolve-hidden", d, "tmpfs", _MS_RDONLY, "size=4k,mode=0500")
     _fresh_dev(spec.get("gpu", True))
     _own_cpu_list()
     keep.add(CPU_LIST)

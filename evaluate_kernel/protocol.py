@@ -69,7 +69,6 @@ import math
 import os
 import secrets
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -77,7 +76,7 @@ import time
 
 from .common import _remove
 from .namespace import Namespace
-from .sandbox import MARK_ENV, kill_processes
+from .sandbox import MARK_ENV, kill_processes, remove_all
 
 # -I: no script directory, user site or PYTHON* variables on the import path; the private copy's import
 # directory goes after site-packages, so nothing dropped there can stand in for a library module.
@@ -247,7 +246,7 @@ class Worker:
             closers.append(self.on_kill)
             self.on_kill = None
         if self.home is not None and not self.keep_home:
-            closers.append(lambda home=self.home: shutil.rmtree(home, ignore_errors=True))
+            closers.append(lambda home=self.home: remove_all(home))
             self.home = None
         for closer in closers:
             try:

@@ -156,6 +156,103 @@ def python_dirs() -> list[str]:
     return [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
 
 
+def walk(top: str):
+    """(here, directory names, other names) for top and every directory under it, parents first, names
+    sorted, without following a link and without recursion: a tree a candidate made 1,500 levels deep
+    took Python's own walk and rmtree past the recursion limit (twenty-eighth red team)."""
+    stack = [top]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        dirs, real = [], []   # as os.walk: a link to a directory is among the directories, never entered
+        for e in entries:
+            if e.is_dir():
+                dirs.append(e.name)
+                if not e.is_symlink():
+                    real.append(e.name)
+        yield here, dirs, [e.name for e in entries if e.name not in set(dirs)]
+        stack.extend(os.path.join(here, d) for d in reversed(real))
+
+
+def remove_all(top: str) -> None:
+    """Remove a tree a candidate may have made, never raising: any depth (by descriptors, never a path
+    longer than the kernel's limit; a subtree deeper than REMOVE_DEPTH is first moved up under top),
+    directories without permissions, links removed and never followed, no recursion."""
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            os.unlink(top)
+            return
+        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for _ in range(100000):   # each pass empties all within REMOVE_DEPTH and moves what lies deeper up
+            if not _remove_pass(top_fd):
+                break
+    finally:
+        os.close(top_fd)
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
+
+
+REMOVE_DEPTH = 64
+
+
+def _remove_pass(top_fd: int) -> bool:
+    """One pass of remove_all under top_fd; True if subtrees were moved up (another pass is needed)."""
+    moved = False
+    frames = [[top_fd, None, -1, ""]]   # [directory's fd, its subdirectories left, parent's fd, name]
+    while frames:
+        frame = frames[-1]
+        fd = frame[0]
+        if frame[1] is None:
+            subdirs = []
+            try:
+                os.fchmod(fd, 0o700)   # a directory left without write permission
+                with os.scandir(fd) as it:
+                    entries = list(it)
+            except OSError:
+                entries = []
+            for e in entries:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.name)
+                    else:
+                        os.unlink(e.name, dir_fd=fd)
+                except OSError:
+                    pass
+            frame[1] = iter(subdirs)
+        name = next(frame[1], None)
+        if name is None:
+            frames.pop()
+            if frame[2] >= 0:
+                os.close(fd)
+                try:
+                    os.rmdir(frame[3], dir_fd=frame[2])
+                except OSError:
+                    pass
+            continue
+        if len(frames) > REMOVE_DEPTH:
+            try:
+                os.rename(name, f".deep-{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=top_fd)
+                moved = True
+            except OSError:
+                pass
+            continue
+        try:
+            frames.append([os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd),
+                           None, fd, name])
+        except OSError:
+            pass
+    return moved
+
+
 def library_digest(build_dir: str) -> str:
     """sha256 over every file under build_dir that a runner or its ninja would read (names and bytes).
 
@@ -165,18 +262,17 @@ def library_digest(build_dir: str) -> str:
     lock); a symbolic link counts as its target's name, never followed.
     """
     h = hashlib.sha256()
-    for here, dirs, files in sorted(os.walk(build_dir)):
-        dirs.sort()
-        for name in sorted(files):
+    for here, _, files in sorted(walk(build_dir)):   # the order digests have always had
+        for name in files:
             path = os.path.join(here, name)
             rel = os.path.relpath(path, build_dir)
             if rel in _PARENT_FILES or name in _REBUILD_ONLY:
                 continue
             if os.path.islink(path):
-                content = b"link:" + os.readlink(path).encode()
+                content = b"link:" + os.fsencode(os.readlink(path))
             else:
                 content = digest_plain(path) or b"missing"   # a FIFO or device there is no file of a build
-            h.update(rel.encode() + b"\0" + content + b"\0")
+            h.update(os.fsencode(rel) + b"\0" + content + b"\0")   # a name need not be UTF-8
     return h.hexdigest()
 
 
@@ -318,7 +414,7 @@ def sweep_worker_homes(cache_dir: str) -> int:
     for name in names:
         m = _ROOT_NAME.match(name)
         if m and here and m.group(3) == here and not os.path.lexists(os.path.join(tempfile.gettempdir(), name)):
-            shutil.rmtree(os.path.join(top, name), ignore_errors=True)
+            remove_all(os.path.join(top, name))
             removed += 1
     return removed
 

@@ -362,6 +362,87 @@ def test_a_build_holds_no_set_user_id_file(tmp_path):
     assert not [n for n, m in modes.items() if m & (stat.S_ISUID | stat.S_ISGID)], {n: oct(m) for n, m in modes.items()}
 
 
+def _deep(top: Path, levels: int) -> None:
+    """A directory chain `levels` deep under top (made by descriptors: its paths outgrow the kernel's limit)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(levels):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.fchmod(fd, 0)
+    os.close(fd)
+
+
+def test_trees_a_candidate_makes_are_walked_and_removed_at_any_depth(tmp_path):
+    """Python's own walk and rmtree recurse once a level: a 1,500-deep tree in a build made evaluate()
+    raise RecursionError at every later evaluation of that source, and one in a runner's home made every
+    later Evaluator's start raise (twenty-eighth red team). The parent's walk and removal use neither
+    recursion nor paths longer than the kernel's limit; a link is removed, never followed."""
+    top = tmp_path / "tree"
+    top.mkdir()
+    _deep(top, 3000)
+    (tmp_path / "kept").write_text("x")
+    os.symlink(tmp_path / "kept", top / "link")
+    assert sum(1 for _ in eval_sandbox.walk(str(top))) > 1000
+    assert len(eval_sandbox.library_digest(str(top))) == 64
+    eval_sandbox.remove_all(str(top))
+    assert not top.exists() and (tmp_path / "kept").read_text() == "x"
+
+
+def test_a_build_s_tree_is_tidied_before_it_joins_the_finished_builds(tmp_path):
+    """What no build holds is taken out before the move: a FIFO (opened for writing on a read-only mount,
+    it carried one candidate's inputs to another's builder: 8.7x over the twin), set-user-ID bits; a tree
+    too deep is refused; a name that is not UTF-8 digests (it made evaluate() raise)."""
+    import stat
+    from evaluate_kernel import builds
+    build = tmp_path / "build"
+    (build / "ext").mkdir(parents=True)
+    os.mkfifo(build / "ext" / "pipe")
+    (build / "ext" / "lib.so").write_bytes(b"ELF")
+    os.chmod(build / "ext" / "lib.so", 0o6755)
+    (build / os.fsdecode(b"name-\xff")).write_bytes(b"x")
+    assert builds._tidy(str(build)) is None
+    assert not (build / "ext" / "pipe").exists()
+    assert not (build / "ext" / "lib.so").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert len(eval_sandbox.library_digest(str(build))) == 64
+    _deep(build, builds.MAX_BUILD_DEPTH + 2)
+    assert "deeper" in builds._tidy(str(build))
+
+
+DEEP_TREE = """
+import os
+home = os.path.dirname(os.environ["TMPDIR"])
+d = os.environ["TORCH_EXTENSIONS_DIR"]
+os.makedirs(d, exist_ok=True)
+top = d if not os.statvfs(d).f_flag & os.ST_RDONLY else (home if WHERE == "runner" else None)
+if top and (WHERE == "runner") == (top == home):
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+"""
+
+
+def test_a_deep_tree_in_a_build_or_a_home_leaves_no_trace(tmp_path):
+    """A builder's 1,500-deep tree: the build is refused, with the reason, and nothing stays; a runner's in
+    its home: the verdict stands, the home goes, and the Evaluator closes and starts again cleanly."""
+    with _evaluator(tmp_path / "root") as ev:
+        built = ev.evaluate(CHEAT.replace("CODE", repr(DEEP_TREE.replace("WHERE", repr("builder"))[::-1])))
+        ran = ev.evaluate(CHEAT.replace("CODE", repr(DEEP_TREE.replace("WHERE", repr("runner"))[::-1])))
+        after = ev.evaluate(HONEST_PY)
+        homes = Path(ev.cache_dir, "w")
+    assert built.status == "rejected" and "deeper than" in built.message, built.message
+    assert ran.status == "ok", ran.message
+    assert after.status == "ok", after.message
+    assert not [p for p in homes.rglob("*") if p.is_file()]
+    with _evaluator(tmp_path / "root") as again:
+        assert again.evaluate(HONEST_PY).status == "ok"
+
+
 # ------------------------------------------------------------------------------------------ the seal
 @settings(max_examples=30, deadline=None)
 @given(st.text("0123456789abcdef", min_size=1, max_size=64), st.text("0123456789abcdef", min_size=1, max_size=64),

@@ -552,6 +552,8 @@ report["read_only"] = {p: bool(os.statvfs(p).f_flag & os.ST_RDONLY) for p in ["/
 report["cache_writable"] = not os.statvfs(os.path.dirname(REPORT)).f_flag & os.ST_RDONLY
 # The cache itself: veiled, but for the finished builds (read-only) and the worker's own home.
 report["cache_root_writable"] = not os.statvfs(CACHE).f_flag & os.ST_RDONLY
+report["logs_seen"] = os.listdir(LOGDIR) if os.path.isdir(LOGDIR) else ["(gone)"]
+report["builder"] = os.environ.get("CUDA_VISIBLE_DEVICES") == ""
 report["cache_seen"] = sorted(os.listdir(CACHE))
 report["homes_seen"] = [len(os.listdir(os.path.join(CACHE, "w", d))) for d in os.listdir(os.path.join(CACHE, "w"))]
 # The machine's lock files: taken away, or a directory put in their place, every later evaluation on the
@@ -640,6 +642,7 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
     report = f"probe-{time.monotonic_ns()}"   # in the worker's home
     locks = os.path.dirname(eval_common.lock_path("pch.lock"))
     code = (PROBE_CODE.replace("TARGETS", repr(targets)).replace("CACHE", repr(ev.cache_dir))
+            .replace("LOGDIR", repr(ev.log_dir))
             .replace("REPORT", f'os.path.join(os.path.dirname(os.environ["TMPDIR"]), {report!r})').replace("MARKER", marker)
             .replace("LOCKS", repr(locks)).replace("TMPROOT", repr(tempfile.gettempdir()))
             .replace("KEYDIR", repr(eval_sandbox.default_key_dir())))
@@ -662,7 +665,9 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
     for rep in reports:
         assert all(v != "written" for v in rep["writes"].values()), rep["writes"]
         assert rep["handles"] and all(v != "written" for v in rep["handles"].values()), rep["handles"]
-        assert rep["locks"] and all(v != "replaced" for v in rep["locks"].values()), rep["locks"]
+        assert all(v != "replaced" for v in rep["locks"].values()), rep["locks"]
+        assert rep["builder"] is False or rep["locks"] == {}, rep["locks"]   # hidden from builders
+        assert rep["logs_seen"] == [], rep["logs_seen"]   # no worker reads another's log live
         assert all(rep["read_only"].values()) and rep["cache_writable"], rep["read_only"]
         assert not rep["cache_root_writable"] and rep["cache_seen"] == ["ext", "w"] and rep["homes_seen"] == [1], rep
         assert rep["network"] != "connected", rep["network"]
@@ -839,6 +844,30 @@ def test_no_worker_can_start_an_io_uring(ev):
     r = ev.evaluate(AT_IMPORT.replace("CODE", repr(IO_URING[::-1])))
     reports = _reports(ev, "ring-")
     assert len(reports) >= 2, r.message   # the builder's and the runner's (trial models import it again)
+    assert all(rep["answer"] == 1 for rep in reports), reports
+    assert r.status == "ok", r.message
+
+
+FIFO = """
+import json, os
+home = os.path.dirname(os.environ["TMPDIR"])
+try:
+    os.mkfifo(os.path.join(home, "pipe"))
+    answer = "made"
+except OSError as e:
+    answer = e.errno
+with open(os.path.join(home, "fifo-" + os.urandom(8).hex()), "w") as f:
+    json.dump({"answer": answer}, f)
+"""
+
+
+def test_no_worker_can_make_a_fifo(ev):
+    """A FIFO can be opened for writing on a read-only mount: one a builder left in its build (then among
+    the finished builds) carried another candidate's inputs to a third one's builder, 8.7x over the twin
+    (twenty-eighth red team). mknod fails with EPERM in the builder and in the runner alike."""
+    r = ev.evaluate(AT_IMPORT.replace("CODE", repr(FIFO[::-1])))
+    reports = _reports(ev, "fifo-")
+    assert len(reports) >= 2, r.message
     assert all(rep["answer"] == 1 for rep in reports), reports
     assert r.status == "ok", r.message
 
