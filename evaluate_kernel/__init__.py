@@ -75,7 +75,8 @@ a namespace, a process that clears its environment and leaves its worker's tree 
 runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
 writable to candidates (and, without a namespace, /dev/shm). In the namespace a worker is still root
 (without capabilities): it reads files only root may read, which its messages may quote to the LLM, and
-it may connect to a socket file of the machine's that another candidate reaches too. Not supported: inputs that hold tensors
+a runner on a GPU may connect to a socket file of the machine's that another candidate reaches too
+(builders and CPU runners cannot make AF_UNIX sockets). Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
 Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
 import or in the constructor); parameters folded into constants at construction (the perturbed-weights

@@ -33,6 +33,8 @@ import ctypes
 import os
 import platform
 
+_SOCKET = {"x86_64": 41, "aarch64": 198}   # socket(2): refused for AF_UNIX where local_sockets is False
+_AF_UNIX = 1
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
     "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283, 206, 209),
                (57, 58, 59, 322), 56, 435, 0x40000000),
@@ -91,9 +93,10 @@ class _Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Insn))]
 
 
-def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
+def confine(cpus: list[int] | None, no_processes: bool = False, local_sockets: bool = True) -> str:
     """Pin this process's threads to cpus (if given), then lock scheduling (and, with no_processes, process
-    creation); "" when done, else why not."""
+    creation; without local_sockets, sockets of the AF_UNIX family: see confine_builder); "" when done,
+    else why not."""
     if cpus:
         pin_threads(cpus)
     arch = _ARCH.get(platform.machine())
@@ -101,7 +104,8 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
     return _install(nr_seccomp, filter_program(audit, sched + (procs if no_processes else ()), x32,
-                                               (clone, clone3) if no_processes else None))
+                                               (clone, clone3) if no_processes else None,
+                                               unix_socket=None if local_sockets else _SOCKET[platform.machine()]))
 
 
 def confine_builder(cpus: list[int] | None) -> str:
@@ -111,14 +115,19 @@ def confine_builder(cpus: list[int] | None) -> str:
     starts. A builder runs candidate code while others' batches are timed (and, on a GPU, while the
     baseline is measured beside the first build): moved onto a runner's core it would slow the batches
     there (twenty-sixth red team, by reading). Compilers that pin their own threads (cicc links
-    sched_setaffinity) go on as if they had. "" when done, else why not."""
+    sched_setaffinity) go on as if they had. And a socket of the AF_UNIX family fails with EPERM (socketpair
+    stays): a socket file of the machine's that candidates alive at the same time both reach is a channel
+    between them no mount stops, connecting being no write (twenty-eighth red team: a root-owned 0600
+    socket took messages from a builder and a runner); no compiler needs one, and a builder has no GPU
+    whose driver might. "" when done, else why not."""
     if cpus:
         pin_threads(cpus)
     arch = _ARCH.get(platform.machine())
     if arch is None:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, x32 = arch[0], arch[1], arch[2][:5], arch[6]
-    return _install(nr_seccomp, filter_program(audit, sched, x32, refusal=_RET_DONE))
+    return _install(nr_seccomp, filter_program(audit, sched, x32, refusal=_RET_DONE,
+                                               unix_socket=_SOCKET[platform.machine()]))
 
 
 def _install(nr_seccomp: int, insns: list[tuple[int, int, int, int]]) -> str:
@@ -154,9 +163,11 @@ def refuse_namespace_calls() -> None:
 
 
 def filter_program(audit: int, blocked, x32: int | None, clones: tuple[int, int] | None = None,
-                   clone_refused: int | None = None, refusal: int = _RET_EPERM) -> list[tuple[int, int, int, int]]:
+                   clone_refused: int | None = None, refusal: int = _RET_EPERM,
+                   unix_socket: int | None = None) -> list[tuple[int, int, int, int]]:
     """The classic-BPF program (code, jt, jf, k): another ABI -> EPERM; x32 numbers -> EPERM; each blocked
-    number -> EPERM (or `refusal`); with clones = (clone, clone3): clone3 -> ENOSYS, and clone -> EPERM when its flags
+    number -> EPERM (or `refusal`); with unix_socket (socket's number), socket(AF_UNIX, ...) -> EPERM; with
+    clones = (clone, clone3): clone3 -> ENOSYS, and clone -> EPERM when its flags
     (the first argument) hold any bit of clone_refused, or (clone_refused None) lack CLONE_THREAD;
     anything else is allowed. seccomp_data: nr at offset 0, arch at 4, the first argument's low word at 16."""
     prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, audit), (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
@@ -164,6 +175,9 @@ def filter_program(audit: int, blocked, x32: int | None, clones: tuple[int, int]
         prog += [(_JGE_K, 0, 1, x32), (_RET_K, 0, 0, _RET_EPERM)]
     for nr in sorted(blocked):
         prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, refusal)]
+    if unix_socket is not None:   # the family is the first argument; the number is loaded again after it
+        prog += [(_JEQ_K, 0, 4, unix_socket), (_LD_W_ABS, 0, 0, 16), (_JEQ_K, 0, 1, _AF_UNIX),
+                 (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
     if clones is not None:
         clone, clone3 = clones
         prog += [(_JEQ_K, 0, 1, clone3), (_RET_K, 0, 0, _RET_ENOSYS)]

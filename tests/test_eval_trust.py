@@ -872,6 +872,47 @@ def test_no_worker_can_make_a_fifo(ev):
     assert r.status == "ok", r.message
 
 
+UNIX_SOCKET = """
+import json, os, socket
+seen = {}
+try:
+    a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.connect(HOST_SOCKET)
+    a.sendall(b"hello")
+    seen["connect"] = "connected"
+except OSError as e:
+    seen["connect"] = e.errno
+try:
+    socket.socketpair()[0].close()
+    seen["pair"] = "made"
+except OSError as e:
+    seen["pair"] = e.errno
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "unix-" + os.urandom(8).hex()), "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def test_no_cpu_worker_can_reach_a_socket_file_of_the_machine(ev, tmp_path):
+    """A socket file of the machine's that two candidates both reach is a channel between them no mount
+    stops (connecting is no write: a root-owned 0600 socket took messages from a builder and a runner,
+    twenty-eighth red team). A builder, and a runner on the CPU, cannot make a socket of the AF_UNIX
+    family; socketpair (no file, no one else's) still works."""
+    import socket
+    path = str(tmp_path / "host.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    os.chmod(path, 0o600)
+    try:
+        r = ev.evaluate(AT_IMPORT.replace("CODE", repr(UNIX_SOCKET.replace("HOST_SOCKET", repr(path))[::-1])))
+    finally:
+        server.close()
+    reports = _reports(ev, "unix-")
+    assert len(reports) >= 2, r.message
+    assert all(rep == {"connect": 1, "pair": "made"} for rep in reports), reports
+    assert r.status == "ok", r.message
+
+
 def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
     """Outside a namespace nothing stops a process from putting a directory, a FIFO or a link where a
     lock file was: the evaluator sets it aside and locks a plain file, instead of raising or hanging."""
