@@ -56,6 +56,10 @@ Protected (each by a mechanism, DESIGN.md gives the reasoning):
   hidden; /dev/shm its own), fresh for each candidate, forked from a server that has imported torch;
   cached builds are trusted only by digest (and, across Evaluators, a signed marker).
 - Every verdict is finite: a non-finite or missing figure is a rejection that says which.
+- No failure is stored that may be the machine's: one returned while the cache's disk has under 1 GiB
+  free, or during which the kernel killed a process for want of memory, or a worker that could not be
+  started, raises EvaluatorError (the run stops and says why). Workers are the kernel's first choice when
+  memory runs out (oom_score_adj 1000).
 
 Not protected: in the GPU's fallback protocol (no shared memory) the runner draws its own inputs and
 digests its own outputs, by code it can replace, and a step is charged only beyond the reference worker's
@@ -76,7 +80,9 @@ runner can signal the reference worker (its death then rejects the candidate); t
 writable to candidates (and, without a namespace, /dev/shm). In the namespace a worker is still root
 (without capabilities): it reads files only root may read, which its messages may quote to the LLM, and
 a runner on a GPU may connect to a socket file of the machine's that another candidate reaches too
-(builders and CPU runners cannot make AF_UNIX sockets). Not supported: inputs that hold tensors
+(builders and CPU runners cannot make AF_UNIX sockets). The timed calls' models have seed 42's weights,
+unperturbed: a shortcut that holds only for those, in a kernel that tells a timed call from a trial,
+passes. Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
 Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
 import or in the constructor); parameters folded into constants at construction (the perturbed-weights

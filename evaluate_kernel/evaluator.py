@@ -181,6 +181,8 @@ class Evaluator:
         t_start = time.monotonic()
         if self._closed:
             raise EvaluatorError("the evaluator is closed")
+        oom_before = oom_kills()
+        deaths_before = {d.index: d.ref_deaths for d in self.devices}   # before the build: one there counts too
         h = source_hash(candidate_src)
         details: dict = {"source_hash": h[:16], "flags": []}
         for d in (self.cache_dir, os.path.join(self.cache_dir, "ext"), self._homes):
@@ -190,11 +192,11 @@ class Evaluator:
             return EvalResult(verdict.status, message=verdict.message, details=dict(details, rule=verdict.rule))
         res = self.builds.build(candidate_src, h, details)
         if res is not None:
-            return self._checked(res)
+            return self._checked(res, oom_before)
         dev = self._pick(None)
         try:
             baseline = self._baseline(dev)
-            tampered, ref_deaths = self._tamper_events, dev.ref_deaths
+            tampered, ref_deaths = self._tamper_events, deaths_before.get(dev.index, dev.ref_deaths)
             try:
                 result = evaluation.Evaluation(self, dev, candidate_src, h, details).run()
             except RuntimeError:
@@ -219,14 +221,20 @@ class Evaluator:
         result.details.update(isolation=self.isolation, device=dev.info.get("device_name"), gpu=dev.index,
                               torch=dev.info.get("torch"), cuda=dev.info.get("cuda"),
                               wall_s=time.monotonic() - t_start)
-        return self._checked(result)
+        return self._checked(result, oom_before)
 
-    def _checked(self, result: EvalResult) -> EvalResult:
+    def _checked(self, result: EvalResult, oom_before: int) -> EvalResult:
         """A verdict reached while the evaluator was being closed is not about the candidate, nor is a
-        failure while the cache's file system is full: a candidate alive at the same time may have filled
-        it from its home (twenty-seventh red team: every candidate after one that did failed)."""
+        failure while the cache's file system is full (a candidate alive at the same time may have filled
+        it from its home: twenty-seventh red team), nor one during which the kernel killed a process for
+        want of memory (memory held by a descriptor alone shows in no process's size, so the kernel may
+        pick anyone's: an honest candidate's reference worker died beside such a candidate, twenty-ninth)."""
         if self._closed:
             raise EvaluatorError("the evaluator was closed while this candidate was evaluated (no verdict)")
+        if result.status not in ("ok", "invalid") and oom_kills() > oom_before:
+            raise EvaluatorError(f"the kernel killed a process for want of memory while this candidate was "
+                                 f"evaluated: this {result.status} may be the machine's, not the candidate's "
+                                 "(no verdict)")
         if result.status not in ("ok", "invalid"):
             free = free_bytes(self.cache_dir)
             if free < MIN_FREE_BYTES:
@@ -368,12 +376,18 @@ class Evaluator:
         if warm:   # its home: the only directory it writes in, and every cache and scratch file goes there
             home = tempfile.mkdtemp(prefix="", dir=self._homes)
             env = dict(env, **_caches(home))
-        w = Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
-                   namespace=self._worker_namespace(gpu, home, builder) if warm else None,
-                   cpus=self.other_cpus if warm else None,
-                   dies_with_parent=True, arena=arena, forkserver=self._forks if warm or forked_ref else None,
-                   fd_channel=fd_channel, home=home, keep_home=self.opts.keep_worker_dirs)
-        return w
+        try:
+            return Worker(env, log_path, warm=warm, code_dir=self._code.import_dir,
+                          namespace=self._worker_namespace(gpu, home, builder) if warm else None,
+                          cpus=self.other_cpus if warm else None, dies_with_parent=True, arena=arena,
+                          forkserver=self._forks if warm or forked_ref else None, fd_channel=fd_channel,
+                          home=home, keep_home=self.opts.keep_worker_dirs)
+        except OSError as e:   # the machine's (no process or thread left to start: a candidate may hold them)
+            if arena is not None:
+                os.close(arena[0])
+            if home:
+                remove_all(home)
+            raise EvaluatorError(f"a worker process could not be started: {e}") from None
 
     def _worker_namespace(self, gpu: bool, home: str, builder: bool) -> Namespace | None:
         if self._namespace is None:
@@ -500,6 +514,36 @@ class Evaluator:
 
 
 MIN_FREE_BYTES = 1 << 30   # a failure with less free in the cache's file system is not the candidate's
+
+
+def oom_kills() -> int:
+    """How many processes the kernel has killed for want of memory: in this process's memory cgroup, which
+    its workers share, where the machine shows it (a container's neighbours' kills are none of ours),
+    else on the whole machine (/proc/vmstat); 0 where unknown."""
+    for path in _oom_counters():
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _oom_counters() -> list[str]:
+    found = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "" and path != "/":   # cgroup v2
+                    found.append(f"/sys/fs/cgroup{path}/memory.events")
+                elif "memory" in controllers.split(","):   # cgroup v1
+                    found.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control")
+    except (OSError, ValueError):
+        pass
+    return [p for p in found if os.path.exists(p)] + ["/proc/vmstat"]
 
 
 def free_bytes(path: str) -> int:

@@ -20,6 +20,8 @@ before any worker code runs (a worker never runs with less protection than the E
   that slept while a builder of another candidate computed its calls through a file in the shared cache
   read 10.4x against its twin's 1.0x on the CPU, and a builder that rewrote other builds' libraries after
   their digest broke every later candidate (twenty-seventh red team);
+* its oom_score_adj is 1000: the kernel, short of memory, kills workers before the evaluator's own
+  processes (memory held by a descriptor alone shows in no process's size);
 * no capability is left, and the bounding set is empty: the candidate is root without privileges, so it
   cannot remount, umount (no way under the tmpfs that hides the key), reach an inode past a mount by a
   file handle (open_by_handle_at needs CAP_DAC_READ_SEARCH), make device nodes or load modules;
@@ -142,6 +144,16 @@ def enter(spec: dict) -> None:
         if mp in keep or mp in ("/proc", "/dev") or mp.startswith(("/proc/", "/dev/")):
             continue
         _read_only(mp)
+    # The first the kernel kills for want of memory: memory a candidate holds by a descriptor alone (an
+    # unmapped memfd) shows in no process's size, and the kernel killed the reference worker instead
+    # (twenty-ninth red team). Where the machine grants CAP_SYS_RESOURCE this cannot be lowered later;
+    # elsewhere a candidate can lower its own, and the evaluator stores no failure during which the kernel
+    # killed anything (Evaluator._checked).
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     confine.refuse_namespace_calls()
     _drop_capabilities()
 

@@ -458,6 +458,31 @@ def test_a_failure_while_the_caches_disk_is_full_is_no_verdict(ev, monkeypatch):
     assert ev.evaluate(HONEST).status == "ok"
 
 
+def test_a_failure_while_the_kernel_killed_for_memory_is_no_verdict(ev, monkeypatch):
+    """Memory a candidate holds by a descriptor alone shows in no process's size, and the kernel, short of
+    memory, killed the reference worker of an honest candidate evaluated beside it: a failure during
+    which the kernel killed any process raises EvaluatorError instead of being the candidate's verdict."""
+    from evaluate_kernel import evaluator as ev_module
+    kills = iter(range(100, 200))
+    monkeypatch.setattr(ev_module, "oom_kills", lambda: next(kills))
+    with pytest.raises(ek.EvaluatorError, match="want of memory"):
+        ev.evaluate(HONEST.replace("return", "raise RuntimeError('killed'); return", 1))
+    assert ev.evaluate(HONEST).status == "ok"
+
+
+def test_a_worker_that_cannot_start_is_the_machine_s_failure(tmp_path, monkeypatch):
+    """A candidate can hold every process and thread the machine has (a builder's threads): a worker that
+    cannot be started raises EvaluatorError, not the OSError of the start (which the search would take for
+    a crash of its own)."""
+    from evaluate_kernel import evaluator as ev_module
+    with _trust_evaluator(tmp_path) as ev:
+        def no_process(*a, **k):
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        monkeypatch.setattr(ev_module, "Worker", no_process)
+        with pytest.raises(ek.EvaluatorError, match="could not be started"):
+            ev.evaluate(HONEST + "\n# a source never built\n")
+
+
 def test_device_info_is_public(ev):
     info = ev.device_info()
     assert info["device_name"] == "cpu" and "torch" in info and "ref_names" not in info
@@ -554,6 +579,7 @@ report["cache_writable"] = not os.statvfs(os.path.dirname(REPORT)).f_flag & os.S
 report["cache_root_writable"] = not os.statvfs(CACHE).f_flag & os.ST_RDONLY
 report["logs_seen"] = os.listdir(LOGDIR) if os.path.isdir(LOGDIR) else ["(gone)"]
 report["builder"] = os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+report["oom_score_adj"] = open("/" + "proc/self/oom_score_adj").read().strip()
 report["cache_seen"] = sorted(os.listdir(CACHE))
 report["homes_seen"] = [len(os.listdir(os.path.join(CACHE, "w", d))) for d in os.listdir(os.path.join(CACHE, "w"))]
 # The machine's lock files: taken away, or a directory put in their place, every later evaluation on the
@@ -668,6 +694,7 @@ def test_namespace_confines_builder_and_runner(start, request, tmp_path):
         assert all(v != "replaced" for v in rep["locks"].values()), rep["locks"]
         assert rep["builder"] is False or rep["locks"] == {}, rep["locks"]   # hidden from builders
         assert rep["logs_seen"] == [], rep["logs_seen"]   # no worker reads another's log live
+        assert rep["oom_score_adj"] == "1000", rep   # the first the kernel kills for want of memory
         assert all(rep["read_only"].values()) and rep["cache_writable"], rep["read_only"]
         assert not rep["cache_root_writable"] and rep["cache_seen"] == ["ext", "w"] and rep["homes_seen"] == [1], rep
         assert rep["network"] != "connected", rep["network"]
