@@ -9,7 +9,8 @@ optimises whatever this package returns, so its job is to make that number true.
 in two processes of its own (the builder, without a GPU, and the runner) and can do anything there; nothing
 those processes compute or report is believed.
 
-Protected (each by a mechanism, DESIGN.md gives the reasoning):
+Protected (each by a mechanism; DESIGN.md gives the reasoning for the timing and the checks, ISOLATION.md
+for the processes that run candidate code):
 - Correctness: the reference worker (never runs candidate code) computes every reference output and makes
   every comparison; trials on seeds drawn at evaluation time, five input distributions, re-seeded and
   perturbed weights (mapped to ModelNew's parameters by name, else by shape and values, else by shape and

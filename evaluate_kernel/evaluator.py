@@ -7,8 +7,9 @@ Public flow, Evaluator.evaluate():
     timing by this process's clock, verification) -> the evaluator's own checks (its code unchanged, its
     reference worker alive) -> physical checks
 
-What is protected and what is not: __init__.py; the reasoning: DESIGN.md. Everything here that a worker,
-a device slot or an evaluation needs from the Evaluator is a public method below ("collaborators").
+What is protected and what is not: __init__.py; the reasoning: DESIGN.md and ISOLATION.md. Everything
+here that a worker, a device slot or an evaluation needs from the Evaluator is a public method below
+("collaborators").
 """
 from __future__ import annotations
 
