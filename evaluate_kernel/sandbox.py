@@ -33,7 +33,6 @@ import hmac
 import os
 import re
 import secrets
-import shutil
 import signal
 import stat
 import sysconfig
@@ -88,17 +87,17 @@ class PrivateCode:
         os.chmod(self.import_dir, 0o700)
         for name in os.listdir(self.import_dir):
             if name != PACKAGE:
-                _remove_any(os.path.join(self.import_dir, name))
+                remove_all(os.path.join(self.import_dir, name))
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         os.chmod(self.dir, 0o700)
         for name in os.listdir(self.dir):
             if name not in self.files:
-                _remove_any(os.path.join(self.dir, name))
+                remove_all(os.path.join(self.dir, name))
         for name, data in self.files.items():
             path = self.path(name)
             if _digest(path) == self.digests[name]:
                 continue
-            _remove_any(path)
+            remove_all(path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -422,23 +421,13 @@ def sweep_worker_homes(cache_dir: str) -> int:
 def remove_tree(root: str, keep: str | None = None) -> None:
     """Remove a private root, except `keep` (a log directory inside it) where a log in it has something
     to say: a worker's error someone may read once the Evaluator is closed."""
-    for dirpath, dirnames, _ in os.walk(root):
-        for d in dirnames:   # directories a worker left without write permission; a link's target is not ours
-            path = os.path.join(dirpath, d)
-            try:
-                if not os.path.islink(path):
-                    os.chmod(path, 0o700)
-            except OSError:
-                pass
     if keep and os.path.commonpath([root, keep]) == root and keep != root and _has_text(keep):
         top = os.path.relpath(keep, root).split(os.sep)[0]
         for name in os.listdir(root):
-            path = os.path.join(root, name)
             if name != top:
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) \
-                    else _unlink(path)
+                remove_all(os.path.join(root, name))
         return
-    shutil.rmtree(root, ignore_errors=True)
+    remove_all(root)
 
 
 def _has_text(d: str) -> bool:
@@ -548,7 +537,7 @@ def _load_or_create_key(path: str) -> bytes:
             if _read_key(path) is None:  # malformed (a key being made is linked whole, never partial)
                 os.replace(tmp, path)
         finally:
-            _remove_any(tmp)
+            remove_all(tmp)
     raise RuntimeError(f"cannot create or read the build-marker key {path}")
 
 
@@ -580,24 +569,3 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
-
-
-def _remove_any(path: str) -> None:
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            _make_writable(path)
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
-    except OSError:
-        pass
-
-
-def _make_writable(top: str) -> None:
-    for here, dirs, _ in os.walk(top):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(here, d), 0o700)
-            except OSError:
-                pass
-    os.chmod(top, 0o700)
