@@ -79,9 +79,7 @@ candidate that skips a fraction f of its calls is caught with probability 1-(1-f
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
 runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
 writable to candidates (and, without a namespace, /dev/shm). In the namespace a worker is still root
-(without capabilities): it reads files only root may read, which its messages may quote to the LLM, and
-a runner on a GPU may connect to a socket file of the machine's that another candidate reaches too
-(builders and CPU runners cannot make AF_UNIX sockets). The timed calls' models have seed 42's weights,
+(without capabilities): it reads files only root may read, which its messages may quote to the LLM. The timed calls' models have seed 42's weights,
 unperturbed: a shortcut that holds only for those, in a kernel that tells a timed call from a trial,
 passes. Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and

@@ -17,7 +17,10 @@ and timerfd_create: a timer goes on firing while the runner is stopped, as inter
 reference is timed on next (on the CPU their cost is the reference's CPU time; on a GPU they delay its
 launches: a storm of timerfds read 1.2-1.6x over the twin on conv_groupnorm). The parent also bounds the
 runner's threads, each of which can hold one wake-up, and the namespace has no network (a paced TCP
-socket keeps a kernel timer of its own on the core that wrote to it: sandbox.py).
+socket keeps a kernel timer of its own on the core that wrote to it: sandbox.py). And socket(2) of the
+AF_UNIX family fails with EPERM, on either device (socketpair stays): a socket file of the machine's that
+two candidates alive at the same time both reach is a channel between them that no mount stops (see
+confine_builder); a GPU runner's driver and the compilers a runner may start were run without one.
 
 With no_processes (the CPU, where the parent's clock is the runner's CPU time, which counts every
 thread of the runner but no other process): fork, vfork, clone without CLONE_THREAD, execve and
@@ -33,7 +36,7 @@ import ctypes
 import os
 import platform
 
-_SOCKET = {"x86_64": 41, "aarch64": 198}   # socket(2): refused for AF_UNIX where local_sockets is False
+_SOCKET = {"x86_64": 41, "aarch64": 198}   # socket(2): refused for the AF_UNIX family
 _AF_UNIX = 1
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
     "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283, 206, 209),
@@ -93,10 +96,9 @@ class _Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Insn))]
 
 
-def confine(cpus: list[int] | None, no_processes: bool = False, local_sockets: bool = True) -> str:
-    """Pin this process's threads to cpus (if given), then lock scheduling (and, with no_processes, process
-    creation; without local_sockets, sockets of the AF_UNIX family: see confine_builder); "" when done,
-    else why not."""
+def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
+    """Pin this process's threads to cpus (if given), then lock scheduling, timers and AF_UNIX sockets (and,
+    with no_processes, process creation); "" when done, else why not."""
     if cpus:
         pin_threads(cpus)
     arch = _ARCH.get(platform.machine())
@@ -105,7 +107,7 @@ def confine(cpus: list[int] | None, no_processes: bool = False, local_sockets: b
     audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
     return _install(nr_seccomp, filter_program(audit, sched + (procs if no_processes else ()), x32,
                                                (clone, clone3) if no_processes else None,
-                                               unix_socket=None if local_sockets else _SOCKET[platform.machine()]))
+                                               unix_socket=_SOCKET[platform.machine()]))
 
 
 def confine_builder(cpus: list[int] | None) -> str:

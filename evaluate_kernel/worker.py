@@ -72,10 +72,7 @@ def main() -> None:
         _role_build(job, send)
     elif role == "run":
         # Before any candidate code: this process and all it starts stay on the runner's cores (confine.py).
-        # On the CPU no socket of the AF_UNIX family either (as a builder: confine.confine_builder); a GPU
-        # runner keeps them until it is shown that its driver needs none.
-        state["confined"] = confine(job.get("cpus"), no_processes=bool(job.get("no_processes")),
-                                    local_sockets=str(job.get("device", "cpu")).startswith("cuda"))
+        state["confined"] = confine(job.get("cpus"), no_processes=bool(job.get("no_processes")))
         _role_run(job, state, send, stdin.readline)
     elif role == "ref":
         if job.get("cpus"):

@@ -919,11 +919,11 @@ with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "unix-" + os.urand
 """
 
 
-def test_no_cpu_worker_can_reach_a_socket_file_of_the_machine(ev, tmp_path):
+def test_no_worker_can_reach_a_socket_file_of_the_machine(ev, tmp_path):
     """A socket file of the machine's that two candidates both reach is a channel between them no mount
     stops (connecting is no write: a root-owned 0600 socket took messages from a builder and a runner,
-    twenty-eighth red team). A builder, and a runner on the CPU, cannot make a socket of the AF_UNIX
-    family; socketpair (no file, no one else's) still works."""
+    twenty-eighth red team). No builder or runner can make a socket of the AF_UNIX family; socketpair (no
+    file, no one else's) still works. (A GPU runner's filter is the same: the confinement test below.)"""
     import socket
     path = str(tmp_path / "host.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1151,8 +1151,8 @@ def test_a_process_is_read_with_every_thread_stopped(monkeypatch):
 
 def test_confinement_blocks_scheduling_timers_and_on_the_cpu_processes():
     """A runner's filter, as a candidate's code would meet it: no other cores, no priority, no timers, no
-    processes (threads still start). On a GPU runner processes may start (the parent kills them and
-    rejects)."""
+    AF_UNIX sockets, no processes (threads still start). On a GPU runner processes may start (the parent
+    kills them and rejects)."""
     from evaluate_kernel.confine import confine
     code = (f"import os, sys, threading\nsys.path.insert(0, {str(REPO)!r})\n"
             "from evaluate_kernel.confine import confine\n"
@@ -1171,7 +1171,10 @@ def test_confinement_blocks_scheduling_timers_and_on_the_cpu_processes():
             "print(ctypes.get_errno() if libc.name_to_handle_at(-100, b'/', h, ctypes.byref(m), 0) < 0 else 'allowed')\n"
             "import signal\n"
             "print(tries(lambda: signal.setitimer(signal.ITIMER_REAL, 60)),"
-            " ctypes.get_errno() if libc.timerfd_create(1, 0) < 0 else 'allowed')\n")
+            " ctypes.get_errno() if libc.timerfd_create(1, 0) < 0 else 'allowed')\n"
+            "import socket\n"
+            "print(tries(lambda: socket.socket(socket.AF_UNIX).close()), tries(lambda: socket.socketpair()[0].close()),"
+            " tries(lambda: socket.socket(socket.AF_INET).close()))\n")
     for device, spawn in (("cpu", "1"), ("cuda", "allowed")):
         out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=60)
         lines = out.stdout.split("\n")
@@ -1183,6 +1186,8 @@ def test_confinement_blocks_scheduling_timers_and_on_the_cpu_processes():
         # Timers, on either device: they fire on the reference's core while the runner is stopped (on the CPU
         # charged to the reference's CPU time, on a GPU delaying its launches).
         assert lines[5].split() == ["1", "1"], lines
+        # A socket file of the machine's reached by two candidates is a channel (the test above).
+        assert lines[6].split() == ["1", "allowed", "allowed"], lines
 
 
 def test_baseline_info_reports_the_protocols_self_check():
