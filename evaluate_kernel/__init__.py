@@ -18,7 +18,8 @@ for the processes that run candidate code):
 - The runtime is this process's own clock: batches of back-to-back calls on fresh inputs drawn from a seed
   chosen when the batch starts (each set through one of the trials' distributions), alternating with
   batches of the reference on some of the same sets, the checked calls' among them (same harness code,
-  same core, same minutes; each side's batch about batch_ms of its own calls). The speedup is the median of paired ratios with a 95% interval
+  same core, same minutes; each side's batch about batch_ms of its own calls), both sides on the
+  perturbed trial's weights, drawn for this evaluation. The speedup is the median of paired ratios with a 95% interval
   (details["speedup_ci"], details["noise"]).
 - On the CPU both sides are timed in runners (the reference in one of its own) that run nothing but the
   calls: the reference worker writes a batch's inputs into a shared-memory file the runner holds mapped,
@@ -79,9 +80,8 @@ candidate that skips a fraction f of its calls is caught with probability 1-(1-f
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
 runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
 writable to candidates (and, without a namespace, /dev/shm). In the namespace a worker is still root
-(without capabilities): it reads files only root may read, which its messages may quote to the LLM. The timed calls' models have seed 42's weights,
-unperturbed: a shortcut that holds only for those, in a kernel that tells a timed call from a trial,
-passes. Not supported: inputs that hold tensors
+(without capabilities): it reads files only root may read, which its messages may quote to the LLM.
+Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
 Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
 import or in the constructor); parameters folded into constants at construction (the perturbed-weights

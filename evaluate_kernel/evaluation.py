@@ -54,8 +54,10 @@ class Evaluation(Timing):
         self.opts = ev.opts
         self.mode = "baseline" if src is None else "candidate"
         self.specs = trial_specs(self.opts) if src is not None else [_own_spec(self.opts)]
+        self.timed_weights = timed_weights(self.specs)
         self.cpus = ev.runner_cpus(dev)
         self.job = ev.job("run", mode=self.mode, candidate_src=src, device=ev.torch_device(), trials=self.specs,
+                          timed_weights=self.timed_weights,
                           build=ev.builds.config(), poison_bytes=self.opts.poison_bytes, env=ev.builds.extension_env(source_hash),
                           cpus=self.cpus, ref_names=dev.info.get("ref_names"), ref_shapes=dev.info.get("ref_shapes"),
                           on_device=self.opts.inputs_on_device, no_processes=ev.device != "cuda")
@@ -281,6 +283,15 @@ def trial_specs(opts) -> list[dict]:
     # The first input set once more, after poisoning: an output read from stale memory or a cache cannot
     # match twice under different allocator states.
     return specs + [dict(specs[0], repeat=True)]
+
+
+def timed_weights(specs: list[dict]) -> dict:
+    """The weights both runners' timed calls run on: the re-seeded, perturbed ones of this evaluation's
+    last trial (drawn now, unknown when the candidate was written, so no shortcut tuned to seed 42's
+    weights holds in a timed call, and a checked timed call is checked on weights the trials checked
+    too); the seed-42 ones where no trial has other weights (the baseline, a single trial)."""
+    s = next((s for s in specs if s["perturb"]), specs[0])
+    return {"weight_seed": s["weight_seed"], "perturb": bool(s["perturb"])}
 
 
 def _own_spec(opts) -> dict:

@@ -102,6 +102,7 @@ class Worker:
         self.arena = arena   # (CPU runners) (fd, size) of the input file the parent made for it; it closes with us
         self.on_kill = None   # called once when it is killed (a GPU runner's region is then freed)
         self.region = None    # (GPU runners) (reference worker's start, id, size, input bytes) of its region
+        self.weights = None   # (the reference's runner) (weight seed, perturbed) of the model it times
         # (GPU runners) A datagram socket on which descriptors reach it after its start (send_fd): its
         # region is made only when an evaluation takes it. The worker's end keeps its number there.
         self.fd_sock, self.fd_channel = None, -1

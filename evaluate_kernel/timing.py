@@ -78,12 +78,14 @@ class Timing(Drains):
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
         host = not gpu or self.w.region is not None   # the runners' memories are written and read from outside
-        extra = {}
+        extra = {"weights": self.timed_weights}   # (digests) the reference worker's timed model's
         if host:
             self.rr = dev.reference_runner()
             if gpu and self.rr.region is None:   # its region could not be made: the digest protocol
                 host = False
                 self.rr = None
+            else:
+                self._weigh_reference()
         if gpu:
             self.details["gpu_protocol"] = "shared memory" if host else f"digests (shared memory: {dev.shared})"
         if host and not gpu:   # the input files of both runners, which the reference worker opens through us
@@ -342,6 +344,27 @@ class Timing(Drains):
         if not isinstance(values, list) or len(values) != n or not all(type(v) is int for v in values):
             return _forged(self.details, "the runner sent digests for another number of calls than it made"), None
         return b, values
+
+    def _weigh_reference(self) -> None:
+        """Give the reference's runner this evaluation's weights (timed_weights), untimed, before its first
+        batch; it is stopped again after. Its failure is the reference's, as a batch's."""
+        rr, want = self.rr, (self.timed_weights["weight_seed"], self.timed_weights["perturb"])
+        if rr.weights == want:
+            return
+        try:
+            pid = rr.main_pid()
+            rr.send({"cmd": "weights", **self.timed_weights})
+            os.kill(pid, signal.SIGCONT)
+            try:
+                reply = rr.recv(self.opts.run_timeout_s)
+            finally:
+                stop(pid)
+            if reply.get("kind") != "weighed":
+                raise RuntimeError(f"{reply.get('where')}: {reply.get('error')}")
+            rr.weights = want
+        except (EOFError, TimeoutError, OSError, RuntimeError) as e:
+            self.dev.drop_ref_runner()
+            raise RuntimeError(f"the reference's runner failed ({e!r})") from None
 
     def _host_ref_batch(self, seed: int, n: int, chosen: list[int] | None = None,
                         pick: list[int] | None = None) -> clock.Batch:

@@ -225,26 +225,42 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     tensorfile.write(path, {str(k): ts for k, ts in enumerate(outputs)})
     marks["trials_done"] = time.time()
     send({"kind": "outputs", "path": path, "unmapped": unmapped, "marks": marks, "confined": state.get("confined")})
-    model = models[(job["trials"][0]["weight_seed"], False)]
+    # The timed calls run on the weights the parent drew for this evaluation (built for a trial above).
+    timed = job.get("timed_weights") or {"weight_seed": job["trials"][0]["weight_seed"], "perturb": False}
+    model = models[(timed["weight_seed"], bool(timed["perturb"]))]
     del models, outputs
+    # The reference's own runner serves many evaluations, each with its weights; a candidate's has one set.
+    weigh = ((lambda seed, perturb: _build_model(cls, ref_ns, seed, perturb, device, None)[0])
+             if job["mode"] == "baseline" else None)
     try:
         if device.type == "cpu":
             arena = job["arena"]
-            _serve_host(HostBatches(model, Arena(int(arena["fd"]), int(arena["size"])), state["call"]), send, recv)
+            _serve_host(HostBatches(model, Arena(int(arena["fd"]), int(arena["size"])), state["call"]), send, recv,
+                        weigh)
         elif shared is not None:
-            _serve_host(HostBatches(model, shared[0], state["call"], pool=shared[1].pool), send, recv)
+            _serve_host(HostBatches(model, shared[0], state["call"], pool=shared[1].pool), send, recv, weigh)
         else:
             _serve_batches(Batches(model, ref_ns, device, job["on_device"], state["call"]), send, recv)
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "timing", "error": _short_traceback(e)})
 
 
-def _serve_host(batches: HostBatches, send, recv) -> None:
+def _serve_host(batches: HostBatches, send, recv, weigh=None) -> None:
     """(CPU, and a GPU with shared memory) go, as many batches as the parent asks for: the parent stops
-    this process between them."""
+    this process between them. With weigh (the reference's runner), also new weights between timings."""
     import torch
     while True:
         req = recv()
+        if req.get("cmd") == "weights" and weigh is not None:
+            try:
+                batches.model = None   # (GPU) the old weights' memory goes back before the new are made
+                batches.model = weigh(int(req["weight_seed"]), bool(req["perturb"]))
+                if batches.pool is not None:   # (GPU) its copies to the device are over before the answer
+                    torch.cuda.synchronize()
+                send({"kind": "weighed"})
+            except BaseException as e:  # noqa: BLE001
+                send({"kind": "error", "where": "weights", "error": _short_traceback(e)})
+            continue
         if req.get("cmd") != "go":
             return
         try:
@@ -324,7 +340,8 @@ def _role_ref(job: dict, send, recv) -> None:
                     batches = HostInputs(ref_ns, arenas, device,
                                          job.get("on_device", True))
                 else:
-                    batches = Batches(_timing_model(ref_ns, models, device), ref_ns, device, job.get("on_device", True))
+                    batches = Batches(_timing_model(ref_ns, models, device, req.get("weights")), ref_ns, device,
+                                      job.get("on_device", True))
                 reply = {"kind": "timing"}
             elif cmd == "fill":   # (CPU) the next batch's inputs, into the file of the runner named
                 reply = {"kind": "filled", "layout": batches.fill(req["seed"], req["n"], req["target"],
@@ -481,13 +498,13 @@ def _close_arenas(arenas: dict) -> None:
     arenas.clear()
 
 
-def _timing_model(ref_ns: dict, models: dict, device):
-    """The reference with the seed-42 weights, as runners time it (the comparisons may have swapped in
-    perturbed weights since)."""
-    key = (42, False)
+def _timing_model(ref_ns: dict, models: dict, device, weights: dict | None):
+    """The reference with the weights the runners' timed calls run on (the evaluation's: weights;
+    the seed-42 ones without)."""
+    key = (int(weights["weight_seed"]), bool(weights["perturb"])) if weights else (42, False)
     if key not in models:
-        models.clear()
-        models[key] = _build_model(ref_ns["Model"], ref_ns, 42, False, device, None)[0]
+        models.clear()  # keep at most one set of weights resident
+        models[key] = _build_model(ref_ns["Model"], ref_ns, key[0], key[1], device, None)[0]
     return models[key]
 
 
