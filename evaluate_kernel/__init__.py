@@ -89,7 +89,7 @@ trial); an output buffer reused across calls (every timed call's output is kept 
 GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), builds.py (builders, the build cache's
-trust, torch's header), evaluation.py (one evaluation: the conversation with a runner), timing.py (its timing, batch by batch), drains.py (the GPU drained before and after each batch, and what that charges), verdict.py (what was measured, as
+trust, torch's header), evaluation.py (one evaluation: the conversation with a runner), timing.py (its timing, batch by batch), steps.py (one batch: the runner let go for a step and stopped again), drains.py (the GPU drained before and after each batch, and what that charges), verdict.py (what was measured, as
 an EvalResult), clock.py (pure: the speedup from the phases), device.py (a device slot: reference worker,
 spares, regions, locks), sandbox.py (private code copy and roots, process sweep, build seal),
 namespace.py (the namespace's policy), forkserver.py (workers forked from a process with torch

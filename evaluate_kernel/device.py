@@ -20,7 +20,7 @@ from .common import lock_path, open_lock
 from .sandbox import remove_all
 from .protocol import Worker
 
-HOST_LOOPS_KEPT = 2000   # (GPU) the latest host loops before batches (timing.host_loop): their low quantile is the steady time
+HOST_LOOPS_KEPT = 2000   # (GPU) the latest host loops before batches (steps.host_loop): their low quantile is the steady time
 SWITCHES_KEPT = 31      # (GPU) the latest first probes after the reference runner's batches, whose median is a switch's cost ...
 SWITCH_CAP_MS = 1.0     # ... never above this (those drains are ours; this only bounds a fault)
 
@@ -240,7 +240,7 @@ class Device:
                       work_dir=w.work_dir, arena={"fd": w.arena[0], "size": w.arena[1]} if w.arena else None,
                       region=self.region_job(w) if w.region else None))
         self._ref_runner_ready = False
-        w.weights = (42, False)   # Timing._weigh_reference gives it each evaluation's
+        w.weights = (42, False)   # Steps._weigh_reference gives it each evaluation's
         return w
 
     def _drop_ref_runner(self) -> None:

@@ -10,7 +10,7 @@ pay the same drains, so the switch of contexts each costs is taken off alike (De
     _charge            what a drain's reply charges: a first probe beyond a switch, and the busy time
     _drain_limits      each probe step's limit: quiet, after a switch, and the check after the pause
 
-Drains is a part of Timing (timing.py), kept apart only to be read apart.
+Drains is a part of Timing (timing.py, through steps.py), kept apart only to be read apart.
 """
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ from .device import Device, FileLock, NullCtx
 from .protocol import Worker
 from .stopped import running_states, stop
 from .sandbox import find_processes, kill_processes, remove_all
-from .timing import Timing, _Answered
+from .steps import _Answered
+from .timing import Timing
 
 
 class Evaluation(Timing):

@@ -52,7 +52,7 @@ def stop(pid: int, signal_sent: bool = False, wait_s: float = 1.0) -> bool:
     while not all_stopped(pid):
         if time.monotonic() >= end:
             return False
-        time.sleep(0.00002)   # a GPU batch's clock runs until here (timing._let_go): a short poll
+        time.sleep(0.00002)   # a GPU batch's clock runs until here (steps.Steps._let_go): a short poll
     return True
 
 

@@ -267,7 +267,7 @@ def _serve_host(batches: HostBatches, send, recv, weigh=None) -> None:
             reply = {"kind": "done", **batches.go(req["layout"])}
         except torch.cuda.OutOfMemoryError as e:   # (GPU) its outputs outgrew the region: the parent may ask
             reply = {"kind": "error", "where": "timing", "error": _short_traceback(e), "out_of_memory": True}
-        send(reply)   # for fewer calls a batch (Timing._fitting_cand_batch)
+        send(reply)   # for fewer calls a batch (Steps._fitting_cand_batch)
 
 
 def _serve_batches(batches: Batches, send, recv) -> None:
@@ -444,7 +444,7 @@ def _await_answer(stdin: LineReader, watched: int) -> None:
     answer: the parent reads what arrives, whole lines or not, so a runner that wrote its answer in two
     parts left nothing whole to see (nineteenth red team, when the prober peeked at a socket for whole
     lines). A runner that writes early only starts the drain early: it then probes while the calls run,
-    and a drain found quiet before the runner has stopped is followed by another (timing.Timing._drain)."""
+    and a drain found quiet before the runner has stopped is followed by another (drains.Drains._drain)."""
     import select
     while not stdin.wait(0):
         if watched >= 0 and select.select([watched], [], [], 0)[0]:

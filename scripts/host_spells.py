@@ -2,12 +2,12 @@
 BENCHMARKS.md records what it finds on a GPU machine)
 
 On the H100 machines lent here a loop of Python on one core took 76-97 us for seconds at a time and then
-115-230 us, and launch-bound calls followed it. The evaluator's loop (timing.host_loop) runs on the core
+115-230 us, and launch-bound calls followed it. The evaluator's loop (steps.host_loop) runs on the core
 the candidate ran on, where the candidate can slow it; a loop on another core could not be steered, but
 tells the runners' spells only if the spells are the machine's. This script answers that: one process
 per core, each pinned, each timing the evaluator's loop every --period-ms for --seconds (a 1% duty, so
 the machine stays as quiet as an evaluation leaves it), all on one clock. It prints each core's share of
-slow loops (more than 25% over its own steady loop, timing.host_loop's tenth quantile) and, for each
+slow loops (more than 25% over its own steady loop, steps.host_loop's tenth quantile) and, for each
 pair of cores, how often one was slow when the other was (the slow loops' agreement, against what
 independent cores would give).
 
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from evaluate_kernel import clock  # noqa: E402
-from evaluate_kernel.timing import host_loop  # noqa: E402
+from evaluate_kernel.steps import host_loop  # noqa: E402
 
 
 def main() -> int:

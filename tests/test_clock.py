@@ -308,10 +308,10 @@ def test_the_host_note_gives_each_sides_share_of_batches_begun_in_a_slow_spell()
 def test_the_host_loop_runs_on_the_runners_cores_and_leaves_this_threads_affinity_as_it_was():
     import os
 
-    from evaluate_kernel import timing
+    from evaluate_kernel import steps
     own = os.sched_getaffinity(0)
-    seconds = timing.host_loop([max(own)])
+    seconds = steps.host_loop([max(own)])
     assert seconds is not None and 0 < seconds < 1
     assert os.sched_getaffinity(0) == own
-    assert timing.host_loop([10 ** 6]) is None   # no such core: no figure, nothing moved
+    assert steps.host_loop([10 ** 6]) is None   # no such core: no figure, nothing moved
     assert os.sched_getaffinity(0) == own

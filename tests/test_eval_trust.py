@@ -1091,7 +1091,7 @@ def test_a_step_whose_thread_holds_off_the_stop_is_rejected(monkeypatch):
     """The stop that ends a batch's step waits a second for every thread too: a thread still inside a system
     call after that ran outside the step's clock (its CPU time read meanwhile), so the candidate is
     rejected there, not only if it still runs at the next wait, a second later."""
-    from evaluate_kernel import clock, evaluation, timing
+    from evaluate_kernel import clock, evaluation, steps
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         class W:
@@ -1104,14 +1104,14 @@ def test_a_step_whose_thread_holds_off_the_stop_is_rejected(monkeypatch):
         e = object.__new__(evaluation.Evaluation)
         e.w, e._main, e.details, e.opts, e.deadline = w, proc.pid, {}, ek.Options(), time.monotonic() + 60
         e.ev = type("Ev", (), {"device": "cpu"})()
-        monkeypatch.setattr(timing, "cpu_seconds", lambda pid, stopped=False: 0.0)
-        monkeypatch.setattr(timing, "running_states", lambda pid: ["D"])
-        monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: False)
-        with pytest.raises(timing._LateStop) as late:
+        monkeypatch.setattr(steps, "cpu_seconds", lambda pid, stopped=False: 0.0)
+        monkeypatch.setattr(steps, "running_states", lambda pid: ["D"])
+        monkeypatch.setattr(steps, "stop", lambda pid, signal_sent=False: False)
+        with pytest.raises(steps._LateStop) as late:
             e._let_go(w, proc.pid, {"cmd": "go"}, clock.Batch("cand", 1))
-        r = timing._not_stopped({}, late.value.states)
+        r = steps._not_stopped({}, late.value.states)
         assert r.status == "rejected" and "did not stop" in r.message and "state D" in r.message
-        monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: True)
+        monkeypatch.setattr(steps, "stop", lambda pid, signal_sent=False: True)
         assert e._let_go(w, proc.pid, {"cmd": "go"}, clock.Batch("cand", 1)) == {"kind": "done"}
     finally:
         proc.kill()

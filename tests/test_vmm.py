@@ -427,11 +427,11 @@ def test_a_gpu_batchs_clock_runs_until_every_thread_of_the_runner_has_stopped(mo
     import signal
     import time
 
-    from evaluate_kernel import clock, timing
+    from evaluate_kernel import clock, steps
     order: list = []
     t = _gpu_timing(order)
-    monkeypatch.setattr(timing.os, "kill", lambda pid, sig: order.append(signal.Signals(sig).name))
-    monkeypatch.setattr(timing, "stop", lambda pid, signal_sent=False: (time.sleep(0.05), order.append("stopped")))
+    monkeypatch.setattr(steps.os, "kill", lambda pid, sig: order.append(signal.Signals(sig).name))
+    monkeypatch.setattr(steps, "stop", lambda pid, signal_sent=False: (time.sleep(0.05), order.append("stopped")))
     b = clock.Batch("cand", 1)
     t._let_go(t.w, os.getpid(), {"cmd": "go"}, b)
     # the drain, armed before the step, starts the moment the runner answers, before it is stopped
@@ -604,7 +604,8 @@ def test_a_candidate_whose_outputs_outgrow_its_region_is_timed_with_fewer_calls(
     from types import SimpleNamespace
 
     from evaluate_kernel import clock
-    from evaluate_kernel.timing import Timing, _Answered
+    from evaluate_kernel.steps import _Answered
+    from evaluate_kernel.timing import Timing
     oom = {"kind": "error", "where": "timing", "error": "OutOfMemoryError: CUDA out of memory", "out_of_memory": True}
     CUT = {"ref_ms": 0.02, "fixed": 0.001, "empty": 0.0004, "n_ref": 4000}
 
