@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evaluate_kernel import readout
@@ -384,6 +384,30 @@ def test_an_output_inside_another_calls_span_is_found():
     geometry = [["float32", [4, 8], [8, 1]], ["float32", [1], [1]]]
     problem = readout.claim(_reply([[4096, 4100], [8192, 4200]], geometry), 2, geometry)
     assert isinstance(problem, str) and "same memory" in problem
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(0, 600), min_size=0, max_size=40), st.sampled_from([0, 1, 2, 3, 4, 6, 8]),
+       st.sampled_from(["float32", "float16", "int8", "float64"]),
+       st.lists(st.tuples(st.integers(0, 600), st.integers(1, 120)), max_size=3), st.booleans(),
+       st.one_of(st.none(), st.integers(0, 700)))
+@example([96], 0, "float32", [], False, 99)          # no bytes, yet an element's room past the region's end
+@example([85], 4, "float32", [(100, 10)], False, None)   # its last byte is the input file's first
+def test_a_claim_is_judged_alike_call_by_call_and_at_once(slots, elements, dtype, ranges, is_view, within):
+    """One output a call is checked on the sorted addresses at once (thousands of calls a batch); the
+    verdict is the call-by-call check's (readout._problem) on any addresses: overlaps, the input file,
+    alignment and the region's end."""
+    size = readout.DTYPE_SIZES[dtype]
+    geometry = [[dtype, [elements], [1]]]
+    pointers = [[a] for a in slots]   # byte addresses: some misaligned, some a byte into another span
+    inputs = [(lo, lo + w) for lo, w in ranges]
+    views = {0} if is_view else set()
+    region = within
+    if region is None:
+        pointers = [[max(1, p[0])] for p in pointers]   # host addresses: never 0
+    got = readout.claim(_reply(pointers, geometry), len(pointers), geometry, inputs, views, within=region)
+    want = readout._problem(pointers, geometry, [elements * size], inputs, views, region)
+    assert (got if isinstance(got, str) else None) == want
 
 
 def test_an_output_too_large_to_read_is_refused():
