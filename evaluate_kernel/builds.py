@@ -97,8 +97,10 @@ class Builds:
                 w.keep_home = True   # its build is moved out of it once the builder is dead, and the rest removed
                 home = w.home
                 try:
+                    # In the namespace a builder takes no lock (the precompiled header's is hidden): locks
+                    # are then no-ops there, else a channel to other candidates (confine.confine_builder).
                     w.send({"role": "build", "candidate_src": src, "reference_src": ev.reference_src,
-                            "build": self.config(), "cpus": ev.other_cpus,
+                            "build": self.config(), "cpus": ev.other_cpus, "locks": not ev.isolated,
                             "env": self.extension_env(h, os.path.join(home, "build") if home else None)})
                     msg = w.recv(ev.opts.build_timeout_s)
                 except TimeoutError:

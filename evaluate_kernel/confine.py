@@ -18,9 +18,10 @@ reference is timed on next (on the CPU their cost is the reference's CPU time; o
 launches: a storm of timerfds read 1.2-1.6x over the twin on conv_groupnorm). The parent also bounds the
 runner's threads, each of which can hold one wake-up, and the namespace has no network (a paced TCP
 socket keeps a kernel timer of its own on the core that wrote to it: sandbox.py). And socket(2) of the
-AF_UNIX family fails with EPERM, on either device (socketpair stays): a socket file of the machine's that
-two candidates alive at the same time both reach is a channel between them that no mount stops (see
-confine_builder); a GPU runner's driver and the compilers a runner may start were run without one.
+AF_UNIX family fails with EPERM, on either device (a connected pair stays): a socket file of the
+machine's that two candidates alive at the same time both reach is a channel between them that no
+mount stops (see confine_builder); a GPU runner's driver and the compilers a runner may start were run
+without one. And file locks do nothing (_lock_rules): a lock is the file's, and so a channel too.
 
 With no_processes (the CPU, where the parent's clock is the runner's CPU time, which counts every
 thread of the runner but no other process): fork, vfork, clone without CLONE_THREAD, execve and
@@ -38,6 +39,13 @@ import platform
 
 _SOCKET = {"x86_64": 41, "aarch64": 198}   # socket(2): refused for the AF_UNIX family
 _AF_UNIX = 1
+# Calls judged by an argument: (fcntl, flock, socketpair) numbers, and fcntl's commands by what they do.
+_FCNTL = {"x86_64": (72, 73, 53), "aarch64": (25, 32, 199)}
+_SET_LOCKS = (6, 7, 37, 38, 1024)   # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE: done, no lock
+_GET_LOCKS = (5, 36, 1025)          # F_GETLK, F_OFD_GETLK, F_GETLEASE: refused
+_F_NOTIFY, _SOCK_TYPE_MASK, _SOCK_DGRAM = 1026, 0xF, 2
+# inotify_init (x86-64 only), inotify_init1, inotify_add_watch: refused in the namespace.
+_INOTIFY = {"x86_64": (253, 294, 254), "aarch64": (26, 27)}
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
     "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283, 206, 209),
                (57, 58, 59, 322), 56, 435, 0x40000000),
@@ -59,7 +67,7 @@ _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process call
 # execve, execveat (aarch64 has no fork or vfork).
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
 _RET_DONE = 0x00050000   # SECCOMP_RET_ERRNO with 0: the call is skipped and returns 0 (success)
-_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K, _AND_K = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54  # classic BPF opcodes
 _CLONE_THREAD = 0x00010000
 
 
@@ -78,7 +86,13 @@ _CLONE_THREAD = 0x00010000
 # spun on the runner's core at 95%: twenty-seventh red team). No compiler uses io_uring. And mknod,
 # mknodat: a FIFO can be opened for writing on a read-only mount, and one a builder left in its build
 # (moved into the finished builds) carried one candidate's inputs to another's builder (8.7x over the
-# twin on the CPU: twenty-eighth red team). No build makes a FIFO or a device node.
+# twin on the CPU: twenty-eighth red team). No build makes a FIFO or a device node. And inotify, and
+# fcntl's F_NOTIFY: a watch on a file or directory every worker reads (torch's, the finished builds) sees
+# another candidate's opens and reads, a channel between candidates alive at the same time that needs no
+# write; no compiler watches files. And socketpair of the datagram type: a datagram socket, though born
+# connected to its pair, can send to any datagram socket file of the machine's and be connected to one
+# (a stand-in for the system log's took datagrams from a builder and a runner: thirtieth red team; a
+# runner's descriptor channel is a sequenced-packet pair, which cannot).
 _NAMESPACE_CALLS = {"x86_64": (248, 249, 250, 272, 308,
                                90, 91, 92, 93, 94, 260, 268, 452, 188, 189, 190, 197, 198, 199, 463, 466,
                                425, 426, 427, 133, 259),
@@ -97,8 +111,8 @@ class _Prog(ctypes.Structure):
 
 
 def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
-    """Pin this process's threads to cpus (if given), then lock scheduling, timers and AF_UNIX sockets (and,
-    with no_processes, process creation); "" when done, else why not."""
+    """Pin this process's threads to cpus (if given), then lock scheduling, timers, AF_UNIX sockets and file
+    locks (and, with no_processes, process creation); "" when done, else why not."""
     if cpus:
         pin_threads(cpus)
     arch = _ARCH.get(platform.machine())
@@ -107,21 +121,23 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
     audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
     return _install(nr_seccomp, filter_program(audit, sched + (procs if no_processes else ()), x32,
                                                (clone, clone3) if no_processes else None,
-                                               unix_socket=_SOCKET[platform.machine()]))
+                                               rules=_socket_rules() + _lock_rules()))
 
 
-def confine_builder(cpus: list[int] | None) -> str:
+def confine_builder(cpus: list[int] | None, locks: bool = False) -> str:
     """(A builder, before any candidate code.) Pin this process's threads to cpus, then make the calls that
     would move a thread to other cores or raise its priority (sched_setaffinity, sched_setscheduler,
     sched_setparam, sched_setattr, setpriority) do nothing and report success, for it and everything it
     starts. A builder runs candidate code while others' batches are timed (and, on a GPU, while the
     baseline is measured beside the first build): moved onto a runner's core it would slow the batches
     there (twenty-sixth red team, by reading). Compilers that pin their own threads (cicc links
-    sched_setaffinity) go on as if they had. And a socket of the AF_UNIX family fails with EPERM (socketpair
-    stays): a socket file of the machine's that candidates alive at the same time both reach is a channel
-    between them no mount stops, connecting being no write (twenty-eighth red team: a root-owned 0600
-    socket took messages from a builder and a runner); no compiler needs one, and a builder has no GPU
-    whose driver might. "" when done, else why not."""
+    sched_setaffinity) go on as if they had. And a socket of the AF_UNIX family fails with EPERM (a
+    connected pair stays; a datagram pair fails in the namespace): a socket file of the machine's that
+    candidates alive at the same time both reach is a channel between them no mount stops, connecting
+    being no write (twenty-eighth red team: a root-owned 0600 socket took messages from a builder and a
+    runner); no compiler needs one, and a builder has no GPU whose driver might. Without locks (a builder in the namespace, where the one lock it would take, the
+    precompiled header's, is hidden), file locks do nothing and report success and asking for another's
+    fails (_lock_rules). "" when done, else why not."""
     if cpus:
         pin_threads(cpus)
     arch = _ARCH.get(platform.machine())
@@ -129,7 +145,24 @@ def confine_builder(cpus: list[int] | None) -> str:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, x32 = arch[0], arch[1], arch[2][:5], arch[6]
     return _install(nr_seccomp, filter_program(audit, sched, x32, refusal=_RET_DONE,
-                                               unix_socket=_SOCKET[platform.machine()]))
+                                               rules=_socket_rules() + (() if locks else _lock_rules())))
+
+
+def _socket_rules() -> tuple:
+    """socket(AF_UNIX, ...) -> EPERM."""
+    return ((_SOCKET[platform.machine()], 0, 0xFFFFFFFF, _AF_UNIX, _RET_EPERM),)
+
+
+def _lock_rules() -> tuple:
+    """flock and fcntl's locks and leases do nothing and report success; F_GETLK, F_OFD_GETLK and
+    F_GETLEASE fail with EPERM. A lock is the file's, not a namespace's: read locks a builder set on a file
+    every worker reads (torch's version.py), their ranges spelling a message, were read by another
+    candidate's runner with F_GETLK, verbatim (thirtieth red team; no write, no socket, about 0.4 us a
+    lock of 6-15 bytes). No runner needs a lock once its candidate runs (a spare's turn on the device is
+    taken before), nor a builder in the namespace."""
+    fcntl_nr, flock_nr, _ = _FCNTL[platform.machine()]
+    return (((flock_nr, None, 0, 0, _RET_DONE),) + tuple((fcntl_nr, 1, 0xFFFFFFFF, c, _RET_DONE) for c in _SET_LOCKS)
+            + tuple((fcntl_nr, 1, 0xFFFFFFFF, c, _RET_EPERM) for c in _GET_LOCKS))
 
 
 def _install(nr_seccomp: int, insns: list[tuple[int, int, int, int]]) -> str:
@@ -157,7 +190,11 @@ def refuse_namespace_calls() -> None:
     if arch is None:
         raise OSError(0, f"no seccomp filter written for {platform.machine()}")
     audit, nr_seccomp, clone, clone3, x32 = arch[0], arch[1], arch[4], arch[5], arch[6]
-    insns = filter_program(audit, _NAMESPACE_CALLS[platform.machine()], x32, (clone, clone3), _CLONE_NEW)
+    machine = platform.machine()
+    fcntl_nr, _, socketpair_nr = _FCNTL[machine]
+    insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _INOTIFY[machine], x32, (clone, clone3), _CLONE_NEW,
+                           rules=((fcntl_nr, 1, 0xFFFFFFFF, _F_NOTIFY, _RET_EPERM),
+                                  (socketpair_nr, 1, _SOCK_TYPE_MASK, _SOCK_DGRAM, _RET_EPERM)))
     prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(nr_seccomp, 1, 0, ctypes.byref(prog)) != 0:   # SECCOMP_SET_MODE_FILTER
@@ -166,20 +203,26 @@ def refuse_namespace_calls() -> None:
 
 def filter_program(audit: int, blocked, x32: int | None, clones: tuple[int, int] | None = None,
                    clone_refused: int | None = None, refusal: int = _RET_EPERM,
-                   unix_socket: int | None = None) -> list[tuple[int, int, int, int]]:
+                   rules=()) -> list[tuple[int, int, int, int]]:
     """The classic-BPF program (code, jt, jf, k): another ABI -> EPERM; x32 numbers -> EPERM; each blocked
-    number -> EPERM (or `refusal`); with unix_socket (socket's number), socket(AF_UNIX, ...) -> EPERM; with
+    number -> EPERM (or `refusal`); each rule (number, argument, mask, value, action): the call with
+    (argument & mask) == value -> action (argument None: the call, whatever its arguments); with
     clones = (clone, clone3): clone3 -> ENOSYS, and clone -> EPERM when its flags
     (the first argument) hold any bit of clone_refused, or (clone_refused None) lack CLONE_THREAD;
-    anything else is allowed. seccomp_data: nr at offset 0, arch at 4, the first argument's low word at 16."""
+    anything else is allowed. seccomp_data: nr at offset 0, arch at 4, argument i's low word at 16 + 8i."""
     prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, audit), (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
     if x32 is not None:
         prog += [(_JGE_K, 0, 1, x32), (_RET_K, 0, 0, _RET_EPERM)]
     for nr in sorted(blocked):
         prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, refusal)]
-    if unix_socket is not None:   # the family is the first argument; the number is loaded again after it
-        prog += [(_JEQ_K, 0, 4, unix_socket), (_LD_W_ABS, 0, 0, 16), (_JEQ_K, 0, 1, _AF_UNIX),
-                 (_RET_K, 0, 0, _RET_EPERM), (_LD_W_ABS, 0, 0, 0)]
+    for nr, arg, mask, value, action in rules:
+        if arg is None:
+            prog += [(_JEQ_K, 0, 1, nr), (_RET_K, 0, 0, action)]
+            continue
+        # The argument is loaded over the number, which is loaded again after (the next rule's comparison).
+        body = [(_LD_W_ABS, 0, 0, 16 + 8 * arg)] + ([(_AND_K, 0, 0, mask)] if mask != 0xFFFFFFFF else [])
+        body += [(_JEQ_K, 0, 1, value), (_RET_K, 0, 0, action), (_LD_W_ABS, 0, 0, 0)]
+        prog += [(_JEQ_K, 0, len(body), nr)] + body
     if clones is not None:
         clone, clone3 = clones
         prog += [(_JEQ_K, 0, 1, clone3), (_RET_K, 0, 0, _RET_ENOSYS)]

@@ -131,6 +131,7 @@ class Evaluator:
         if problem:
             forget_key(self._key_dir)
         self.isolation = f"none: {problem}" if problem else "pid+mount+net namespace"
+        self.isolated = not problem   # builders and runners start in the namespace
         self._tamper_events, self._tamper_note = 0, ""
         self._code_lock = threading.Lock()
         self._state_lock = threading.Lock()

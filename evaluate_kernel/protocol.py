@@ -103,13 +103,15 @@ class Worker:
         self.on_kill = None   # called once when it is killed (a GPU runner's region is then freed)
         self.region = None    # (GPU runners) (reference worker's start, id, size, input bytes) of its region
         self.weights = None   # (the reference's runner) (weight seed, perturbed) of the model it times
-        # (GPU runners) A datagram socket on which descriptors reach it after its start (send_fd): its
-        # region is made only when an evaluation takes it. The worker's end keeps its number there.
+        # (GPU runners) A socket on which descriptors reach it after its start (send_fd): its region is made
+        # only when an evaluation takes it. The worker's end keeps its number there. Sequenced packets, not
+        # datagrams: a datagram socket can send to, and be connected to, any datagram socket file of the
+        # machine's (a channel between candidates: confine.py); a connected sequenced-packet one cannot.
         self.fd_sock, self.fd_channel = None, -1
         passed = [arena[0]] if arena else []
         if fd_channel:
             import socket
-            self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self.fd_channel = theirs.detach()
             passed.append(self.fd_channel)
         self.log_path = log_path

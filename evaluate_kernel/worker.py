@@ -68,7 +68,7 @@ def main() -> None:
         show_cpus(job["cpus"])   # what counts the machine's cores (ninja, OpenMP sized by it) counts these
     if role == "build":
         # Before any candidate code: on its cores, and so is every compiler it starts (confine.py).
-        confine_builder(job.get("cpus"))
+        confine_builder(job.get("cpus"), locks=bool(job.get("locks", True)))
         _role_build(job, send)
     elif role == "run":
         # Before any candidate code: this process and all it starts stay on the runner's cores (confine.py).

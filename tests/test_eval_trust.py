@@ -940,6 +940,71 @@ def test_no_worker_can_reach_a_socket_file_of_the_machine(ev, tmp_path):
     assert r.status == "ok", r.message
 
 
+SIGNALS = """
+import ctypes, fcntl, json, os, socket, struct, torch
+seen = {}
+def tries(name, f):
+    try:
+        f()
+        seen[name] = "done"
+    except OSError as e:
+        seen[name] = e.errno
+shared = os.path.join(os.path.dirname(torch.__file__), "version.py")   # every worker reads it
+fd = os.open(shared, os.O_RDONLY)
+tries("flock", lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB))
+tries("set_lock", lambda: fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 7, 5, 0)))
+tries("get_lock", lambda: fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0)))
+tries("notify", lambda: fcntl.fcntl(os.open(os.path.dirname(shared), os.O_RDONLY), 1026, 1))
+libc = ctypes.CDLL(None, use_errno=True)
+seen["inotify"] = ctypes.get_errno() if libc.inotify_init1(0) < 0 else "made"
+tries("dgram_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0].close())
+tries("stream_pair", lambda: socket.socketpair()[0].close())
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "signals-" + os.urandom(8).hex()), "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def test_no_worker_can_signal_another_through_locks_watches_or_datagrams(ev):
+    """Channels between candidates alive at the same time that need no write and no socket file: a lock
+    belongs to the file, not to a namespace (read locks a builder set on torch's version.py, their ranges
+    spelling a message, were read by another candidate's runner with F_GETLK: thirtieth red team); a
+    watch (inotify, F_NOTIFY) on a file every worker reads sees another's opens and reads; and a datagram
+    socket, even one of a pair, can send to any datagram socket file of the machine's. In a builder and a
+    runner alike, locks do nothing (and report success: here one this process holds exclusively did not
+    stop a shared one), asking for another's lock fails, so do watches and datagram pairs; a pair of
+    connected sockets still works."""
+    import fcntl
+    import torch
+    with open(os.path.join(os.path.dirname(torch.__file__), "version.py")) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = ev.evaluate(AT_IMPORT.replace("CODE", repr(SIGNALS[::-1])))
+    reports = _reports(ev, "signals-")
+    assert len(reports) >= 2, r.message
+    want = {"flock": "done", "set_lock": "done", "get_lock": 1, "notify": 1, "inotify": 1, "dgram_pair": 1,
+            "stream_pair": "done"}
+    assert all(rep == want for rep in reports), reports
+    assert r.status == "ok", r.message
+
+
+def test_a_builder_outside_a_namespace_keeps_its_locks():
+    """Outside a namespace a builder takes the precompiled header's lock: confine_builder(locks=True)
+    leaves locks alone (without them concurrent builds would read a half-written header)."""
+    code = (f"import fcntl, os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
+            "from evaluate_kernel.confine import confine_builder\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+            "assert confine_builder(None, locks=sys.argv[2] == '1') == ''\n"
+            "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('locked')\n"
+            "except OSError as e:\n    print(e.errno)\n")
+    import errno
+    import fcntl
+    import tempfile
+    with tempfile.NamedTemporaryFile() as f:
+        fcntl.flock(f, fcntl.LOCK_EX)   # held here: a real lock cannot be taken beside it
+        for locks, want in (("1", str(errno.EWOULDBLOCK)), ("0", "locked")):
+            out = subprocess.run([sys.executable, "-c", code, f.name, locks], capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == want, out.stdout + out.stderr
+
+
 def test_a_lock_file_replaced_by_something_else_is_set_aside(tmp_path):
     """Outside a namespace nothing stops a process from putting a directory, a FIFO or a link where a
     lock file was: the evaluator sets it aside and locks a plain file, instead of raising or hanging."""
