@@ -367,6 +367,20 @@ class Device:
             except (ProcessLookupError, PermissionError, EOFError):
                 pass
 
+    def deaths(self) -> int:
+        """The reference worker's and the reference runner's deaths so far, those not yet noticed counted
+        now (each is started again when next needed). Called at the start and the end of every turn on
+        the device: a death between them is that turn's candidate's; one before it is nobody's."""
+        with self.ref_lock:
+            if self.ref is not None and self.ref.proc.poll() is not None:
+                self.ref_deaths += 1
+                self.ref.kill()
+                self.ref = None
+        if self.ref_runner is not None and self.ref_runner.proc.poll() is not None:
+            self.ref_deaths += 1
+            self._drop_ref_runner()
+        return self.ref_deaths
+
     def ref_call(self, req: dict) -> dict:
         with self.ref_lock:
             if self.ref is not None and self.ref.proc.poll() is not None:

@@ -74,6 +74,7 @@ class Evaluation(Timing):
         self._ref_layout: dict | None = None       # the layout of its last batch (a batch of no calls reuses it)
         self._ref_geometry: list | None = None     # (CPU) the reference's outputs: dtype, shape, stride,
         self._ref_views: set[int] = set()          # and those it returns as views of its inputs
+        self.ref_died = False   # the reference worker or runner died during this evaluation's turn
 
     # ------------------------------------------------------------------------------------------ the flow
     def run(self) -> EvalResult:
@@ -84,6 +85,10 @@ class Evaluation(Timing):
             with (NullCtx() if self.locked else self.dev.lock), FileLock(self.dev.gpu_lock_path):
                 self.phases[f"{'gpu' if self.ev.device == 'cuda' else 'cpu'}_wait"] = round(time.monotonic() - t_wait, 3)
                 self.details["phases"] = self.phases
+                # Deaths counted from this turn's start, and until every process of this candidate is
+                # dead: one while it waited for its turn or built was not its doing (no worker can signal
+                # the reference's in the namespace, and memory is the kernel's guard: Evaluator._checked).
+                deaths = self.dev.deaths()
                 self.w = self.dev.take_runner()
                 # Its work files (trials, shipped outputs) in its home, the one directory it writes in.
                 work = self.job["work_dir"] = work_dir(self.w, self.ev.cache_dir)
@@ -104,6 +109,7 @@ class Evaluation(Timing):
                         futures_wait([prepare])  # nothing of this evaluation may still run when the lock goes
                     strays = self.w.discard()  # used once: all it started dies with it
                     self.dev.resume_ref()
+                    self.ref_died = self.dev.deaths() != deaths
                     if strays:
                         self.details["stray_processes_killed"] = strays
                     self.dev.settle_spare(final=True)

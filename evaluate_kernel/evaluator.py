@@ -184,7 +184,6 @@ class Evaluator:
         if self._closed:
             raise EvaluatorError("the evaluator is closed")
         oom_before = oom_kills()
-        deaths_before = {d.index: d.ref_deaths for d in self.devices}   # before the build: one there counts too
         h = source_hash(candidate_src)
         details: dict = {"source_hash": h[:16], "flags": []}
         for d in (self.cache_dir, os.path.join(self.cache_dir, "ext"), self._homes):
@@ -198,14 +197,15 @@ class Evaluator:
         dev = self._pick(None)
         try:
             baseline = self._baseline(dev)
-            tampered, ref_deaths = self._tamper_events, deaths_before.get(dev.index, dev.ref_deaths)
+            tampered = self._tamper_events
+            turn = evaluation.Evaluation(self, dev, candidate_src, h, details)
             try:
-                result = evaluation.Evaluation(self, dev, candidate_src, h, details).run()
+                result = turn.run()
             except RuntimeError:
-                if dev.ref_deaths == ref_deaths:
+                if not turn.ref_died:
                     raise
                 result = None
-            if dev.ref_deaths != ref_deaths:  # never a silent restart: its death may have served the candidate
+            if turn.ref_died:  # never a silent restart: its death may have served the candidate
                 result = EvalResult("rejected", message="rejected: the reference worker died while this "
                                     "candidate ran (stopped or killed from outside; restarted from the checked "
                                     "code copy)", details=details)

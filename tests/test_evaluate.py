@@ -239,6 +239,32 @@ def test_a_faster_candidates_calls_beyond_the_references_batch_are_checked_too(t
         assert r.status == "incorrect" and "timed call" in r.message, r.message
 
 
+def test_a_reference_death_is_the_candidate_s_whose_turn_it_was(ev, monkeypatch):
+    """The reference worker's death rejects the candidate whose turn on the device it was (its process may
+    have caused it, and a restart must never hide that), and only that one: a death before its turn (while
+    it was built, or waited behind another) was not its doing, and it is judged on a fresh reference."""
+    import signal
+    from evaluate_kernel import evaluation
+    dev = ev.devices[0]
+    assert ev.evaluate(HONEST).status == "ok"
+    os.kill(dev.ref.proc.pid, signal.SIGKILL)   # between turns: nobody's
+    dev.ref.proc.wait(timeout=30)
+    r = ev.evaluate(HONEST)
+    assert r.status == "ok", r.message
+    drive = evaluation.Evaluation._drive
+
+    def dies_in_the_turn(self, prepare):
+        result = drive(self, prepare)
+        os.kill(self.dev.ref.proc.pid, signal.SIGKILL)
+        self.dev.ref.proc.wait(timeout=30)
+        return result
+    monkeypatch.setattr(evaluation.Evaluation, "_drive", dies_in_the_turn)
+    r = ev.evaluate(HONEST)
+    assert r.status == "rejected" and "reference worker died" in r.message, r.message
+    monkeypatch.setattr(evaluation.Evaluation, "_drive", drive)
+    assert ev.evaluate(HONEST).status == "ok"
+
+
 def test_input_modification_is_rejected(ev):
     body = HONEST_BODY.replace("        return ", "        out = ") + "\n        x.zero_()\n        return out"
     r = ev.evaluate(variant(body))
