@@ -46,6 +46,9 @@ _GET_LOCKS = (5, 36, 1025)          # F_GETLK, F_OFD_GETLK, F_GETLEASE: refused
 _F_NOTIFY, _SOCK_TYPE_MASK, _SOCK_DGRAM = 1026, 0xF, 2
 # inotify_init (x86-64 only), inotify_init1, inotify_add_watch: refused in the namespace.
 _INOTIFY = {"x86_64": (253, 294, 254), "aarch64": (26, 27)}
+# fadvise64, madvise: the calls that push a file's pages out of the page cache (done, nothing done).
+_EVICT = {"x86_64": (221, 28), "aarch64": (223, 233)}
+_MADV_COLD, _MADV_PAGEOUT = 20, 21
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
     "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283, 206, 209),
                (57, 58, 59, 322), 56, 435, 0x40000000),
@@ -92,7 +95,12 @@ _CLONE_THREAD = 0x00010000
 # write; no compiler watches files. And socketpair of the datagram type: a datagram socket, though born
 # connected to its pair, can send to any datagram socket file of the machine's and be connected to one
 # (a stand-in for the system log's took datagrams from a builder and a runner: thirtieth red team; a
-# runner's descriptor channel is a sequenced-packet pair, which cannot).
+# runner's descriptor channel is a sequenced-packet pair, which cannot). And posix_fadvise, and madvise's
+# MADV_COLD and MADV_PAGEOUT, do nothing (and report success): they push pages of a file out of the page
+# cache, which every worker shares, and another candidate sees which (mincore, or the time a read takes):
+# on the development VM a page of torch's version.py read, then dropped by fadvise(DONTNEED), showed so in
+# mincore. Without them a page once read stays (until the machine needs the memory): a bit once, not a
+# channel one can reset. Advice may be ignored; no compiler or driver needs it taken.
 _NAMESPACE_CALLS = {"x86_64": (248, 249, 250, 272, 308,
                                90, 91, 92, 93, 94, 260, 268, 452, 188, 189, 190, 197, 198, 199, 463, 466,
                                425, 426, 427, 133, 259),
@@ -192,9 +200,13 @@ def refuse_namespace_calls() -> None:
     audit, nr_seccomp, clone, clone3, x32 = arch[0], arch[1], arch[4], arch[5], arch[6]
     machine = platform.machine()
     fcntl_nr, _, socketpair_nr = _FCNTL[machine]
+    fadvise_nr, madvise_nr = _EVICT[machine]
     insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _INOTIFY[machine], x32, (clone, clone3), _CLONE_NEW,
                            rules=((fcntl_nr, 1, 0xFFFFFFFF, _F_NOTIFY, _RET_EPERM),
-                                  (socketpair_nr, 1, _SOCK_TYPE_MASK, _SOCK_DGRAM, _RET_EPERM)))
+                                  (socketpair_nr, 1, _SOCK_TYPE_MASK, _SOCK_DGRAM, _RET_EPERM),
+                                  (fadvise_nr, None, 0, 0, _RET_DONE),
+                                  (madvise_nr, 2, 0xFFFFFFFF, _MADV_COLD, _RET_DONE),
+                                  (madvise_nr, 2, 0xFFFFFFFF, _MADV_PAGEOUT, _RET_DONE)))
     prog = _Prog(len(insns), (_Insn * len(insns))(*[_Insn(*i) for i in insns]))
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(nr_seccomp, 1, 0, ctypes.byref(prog)) != 0:   # SECCOMP_SET_MODE_FILTER

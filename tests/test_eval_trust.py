@@ -959,6 +959,21 @@ libc = ctypes.CDLL(None, use_errno=True)
 seen["inotify"] = ctypes.get_errno() if libc.inotify_init1(0) < 0 else "made"
 tries("dgram_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0].close())
 tries("stream_pair", lambda: socket.socketpair()[0].close())
+def resident():   # is the first page of the shared file in the page cache (mincore, through a mapping)?
+    libc.mmap.restype, size, page = ctypes.c_void_p, os.fstat(fd).st_size, ctypes.create_string_buffer(1)
+    at = libc.mmap(None, size, 1, 1, fd, 0)
+    libc.mincore(ctypes.c_void_p(at), 1, page)
+    libc.munmap(ctypes.c_void_p(at), size)
+    return page.raw[0] & 1
+os.pread(fd, 4096, 0)
+tries("fadvise", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
+seen["still_cached"] = resident()
+import mmap
+m = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+m[0]
+tries("pageout", lambda: m.madvise(21))   # MADV_PAGEOUT
+m.close()
+seen["still_cached"] += resident()
 with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "signals-" + os.urandom(8).hex()), "w") as f:
     json.dump(seen, f)
 """
@@ -969,10 +984,11 @@ def test_no_worker_can_signal_another_through_locks_watches_or_datagrams(ev):
     belongs to the file, not to a namespace (read locks a builder set on torch's version.py, their ranges
     spelling a message, were read by another candidate's runner with F_GETLK: thirtieth red team); a
     watch (inotify, F_NOTIFY) on a file every worker reads sees another's opens and reads; and a datagram
-    socket, even one of a pair, can send to any datagram socket file of the machine's. In a builder and a
-    runner alike, locks do nothing (and report success: here one this process holds exclusively did not
-    stop a shared one), asking for another's lock fails, so do watches and datagram pairs; a pair of
-    connected sockets still works."""
+    socket, even one of a pair, can send to any datagram socket file of the machine's; and which pages of
+    such a file are in the page cache, which a candidate can drop (fadvise) and another see (mincore). In
+    a builder and a runner alike, locks do nothing (and report success: here one this process holds
+    exclusively did not stop a shared one), asking for another's lock fails, so do watches and datagram
+    pairs; a pair of connected sockets still works; advice to drop pages is taken and ignored."""
     import fcntl
     import torch
     with open(os.path.join(os.path.dirname(torch.__file__), "version.py")) as held:
@@ -981,7 +997,7 @@ def test_no_worker_can_signal_another_through_locks_watches_or_datagrams(ev):
     reports = _reports(ev, "signals-")
     assert len(reports) >= 2, r.message
     want = {"flock": "done", "set_lock": "done", "get_lock": 1, "notify": 1, "inotify": 1, "dgram_pair": 1,
-            "stream_pair": "done"}
+            "stream_pair": "done", "fadvise": "done", "pageout": "done", "still_cached": 2}
     assert all(rep == want for rep in reports), reports
     assert r.status == "ok", r.message
 
