@@ -20,6 +20,10 @@ before any worker code runs (a worker never runs with less protection than the E
   that slept while a builder of another candidate computed its calls through a file in the shared cache
   read 10.4x against its twin's 1.0x on the CPU, and a builder that rewrote other builds' libraries after
   their digest broke every later candidate (twenty-seventh red team);
+* where the kernel has Landlock, a file is opened for writing, and anything made, removed, renamed or
+  linked, only under the writable directories and /dev/shm (and files of /dev, /proc and the online-CPU
+  list opened for writing): a FIFO of the machine's opens for writing on a read-only mount, to a root
+  worker whatever its mode, a pipe between two candidates that both open it;
 * its oom_score_adj is 1000: the kernel, short of memory, kills workers before the evaluator's own
   processes (memory held by a descriptor alone shows in no process's size);
 * no capability is left, and the bounding set is empty: the candidate is root without privileges, so it
@@ -136,6 +140,7 @@ def enter(spec: dict) -> None:
     _fresh_dev(spec.get("gpu", True))
     _own_cpu_list()
     keep.add(CPU_LIST)
+    writes = sorted(keep - {CPU_LIST})
     for d in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"):
         if os.path.exists(d):
             _mount(d, d, None, _MS_BIND)
@@ -154,8 +159,46 @@ def enter(spec: dict) -> None:
             f.write("1000")
     except OSError:
         pass
+    _writes_only_where_it_may(writes)
     confine.refuse_namespace_calls()
     _drop_capabilities()
+
+
+def _writes_only_where_it_may(writable: list[str]) -> None:
+    """(Landlock, where the kernel has it.) Files are opened for writing, and anything is made, removed,
+    renamed or linked, only under the writable directories (the worker's home) and /dev/shm; a file of
+    /dev or /proc is opened for writing where the mounts allow, and so is the online-CPU list. The
+    read-only mounts refuse writes to files already, but not to a FIFO: one of the machine's (logind's
+    session references under /run, init's control FIFO) opens for writing on a read-only mount, to a root
+    worker whatever its mode, and two candidates alive at the same time that open the same one have a
+    pipe between them (a FIFO moved into the finished builds carried one candidate's inputs to another's
+    builder: 8.7x over the twin on the CPU, twenty-eighth red team; no worker can make one since). A
+    kernel without Landlock leaves the machine's FIFOs as they are."""
+    libc = _libc()
+    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))   # its version
+    if abi < 1:
+        return
+    make = sum(1 << b for b in range(4, 13))   # REMOVE_DIR, REMOVE_FILE and every MAKE_* right
+    write = _LL_WRITE_FILE | (_LL_TRUNCATE if abi >= 3 else 0)
+    handled = write | make | (_LL_REFER if abi >= 2 else 0)
+    attr = ctypes.c_uint64(handled)   # landlock_ruleset_attr's first field: the file system rights handled
+    ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        rules = [(d, handled) for d in [*writable, "/dev/shm"]] + [("/dev", write), ("/proc", write), (CPU_LIST, write)]
+        for path, allowed in rules:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(allowed, fd)
+                if libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+        if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
 
 
 def show_cpus(cpus: list[int]) -> None:
@@ -207,6 +250,15 @@ CPU_LIST = "/sys/devices/system/cpu/online"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _CAP_VERSION_3 = 0x20080522
+
+
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446   # x86-64 and aarch64
+_LL_WRITE_FILE, _LL_REFER, _LL_TRUNCATE = 1 << 1, 1 << 13, 1 << 14
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 class _CapHeader(ctypes.Structure):

@@ -899,6 +899,40 @@ def test_no_worker_can_make_a_fifo(ev):
     assert r.status == "ok", r.message
 
 
+MACHINE_FIFO = """
+import json, os
+seen = {}
+for name, flags in (("write", os.O_RDWR), ("read", os.O_RDONLY)):
+    try:
+        os.close(os.open(THE_FIFO, flags | os.O_NONBLOCK))
+        seen[name] = "opened"
+    except OSError as e:
+        seen[name] = e.errno
+with open(os.path.join(os.path.dirname(os.environ["TMPDIR"]), "machine-fifo-" + os.urandom(8).hex()), "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def _landlock() -> int:
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+
+
+@pytest.mark.skipif(_landlock() < 1, reason="the kernel has no Landlock")
+def test_no_worker_can_write_into_a_fifo_of_the_machine(ev, tmp_path):
+    """A FIFO of the machine's (logind's session references under /run, init's control FIFO) opens for
+    writing on a read-only mount, to a root worker whatever its mode: two candidates that open the same one
+    have a pipe between them. Under Landlock a builder and a runner open for writing only what lies in
+    their home, /dev/shm, /dev and /proc; reading stays as the mounts allow."""
+    fifo = tmp_path / "machine.fifo"
+    os.mkfifo(fifo, 0o600)
+    r = ev.evaluate(AT_IMPORT.replace("CODE", repr(MACHINE_FIFO.replace("THE_FIFO", repr(str(fifo)))[::-1])))
+    reports = _reports(ev, "machine-fifo-")
+    assert len(reports) >= 2, r.message
+    assert all(rep == {"write": 13, "read": "opened"} for rep in reports), reports
+    assert r.status == "ok", r.message
+
+
 UNIX_SOCKET = """
 import json, os, socket
 seen = {}
