@@ -44,8 +44,13 @@ _FCNTL = {"x86_64": (72, 73, 53), "aarch64": (25, 32, 199)}
 _SET_LOCKS = (6, 7, 37, 38, 1024)   # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE: done, no lock
 _GET_LOCKS = (5, 36, 1025)          # F_GETLK, F_OFD_GETLK, F_GETLEASE: refused
 _F_NOTIFY, _SOCK_TYPE_MASK, _SOCK_DGRAM = 1026, 0xF, 2
-# inotify_init (x86-64 only), inotify_init1, inotify_add_watch: refused in the namespace.
-_INOTIFY = {"x86_64": (253, 294, 254), "aarch64": (26, 27)}
+# Refused in the namespace: inotify_init (x86-64 only), inotify_init1, inotify_add_watch, fanotify_init,
+# fanotify_mark, name_to_handle_at, open_by_handle_at.
+_INOTIFY = {"x86_64": (253, 294, 254, 300, 301, 303, 304), "aarch64": (26, 27, 262, 263, 264, 265)}
+# futex, futex_wake, futex_requeue; futex's commands that wake, requeue or lock (all but the waits, 0 and 9),
+# refused unless private (FUTEX_PRIVATE_FLAG, 128; futex_wake's FUTEX2_PRIVATE, 128, in its fourth argument).
+_FUTEX = {"x86_64": (202, 454, 456), "aarch64": (98, 454, 456)}
+_FUTEX_SHARED_CMDS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13)
 # fadvise64, madvise: the calls that push a file's pages out of the page cache (done, nothing done).
 _EVICT = {"x86_64": (221, 28), "aarch64": (223, 233)}
 _MADV_COLD, _MADV_PAGEOUT = 20, 21
@@ -95,7 +100,11 @@ _CLONE_THREAD = 0x00010000
 # write; no compiler watches files. And socketpair of the datagram type: a datagram socket, though born
 # connected to its pair, can send to any datagram socket file of the machine's and be connected to one
 # (a stand-in for the system log's took datagrams from a builder and a runner: thirtieth red team; a
-# runner's descriptor channel is a sequenced-packet pair, which cannot). And posix_fadvise, and madvise's
+# runner's descriptor channel is a sequenced-packet pair, which cannot). And fanotify, which an unprivileged
+# process may use on this kernel (6.18) to watch any file it reads, and which saw another candidate's
+# reads of torch's headers: 9,001 bytes in 0.68 s from a runner being timed to another's builder, about
+# 9.5 Mbit/s in a loop of its own (thirty-first red team); and name_to_handle_at, which a receiver of
+# fanotify's file handles needs (refused to runners already). And posix_fadvise, and madvise's
 # MADV_COLD and MADV_PAGEOUT, do nothing (and report success): they push pages of a file out of the page
 # cache, which every worker shares, and another candidate sees which (mincore, or the time a read takes):
 # on the development VM a page of torch's version.py read, then dropped by fadvise(DONTNEED), showed so in
@@ -129,7 +138,8 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
     audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
     return _install(nr_seccomp, filter_program(audit, sched + (procs if no_processes else ()), x32,
                                                (clone, clone3) if no_processes else None,
-                                               rules=_socket_rules() + _lock_rules()))
+                                               rules=_socket_rules() + _lock_rules()
+                                               + (_futex_rules() if no_processes else ())))
 
 
 def confine_builder(cpus: list[int] | None, locks: bool = False) -> str:
@@ -153,12 +163,27 @@ def confine_builder(cpus: list[int] | None, locks: bool = False) -> str:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, x32 = arch[0], arch[1], arch[2][:5], arch[6]
     return _install(nr_seccomp, filter_program(audit, sched, x32, refusal=_RET_DONE,
-                                               rules=_socket_rules() + (() if locks else _lock_rules())))
+                                               rules=_socket_rules() + (() if locks else _lock_rules())
+                                               + _futex_rules()))
 
 
 def _socket_rules() -> tuple:
     """socket(AF_UNIX, ...) -> EPERM."""
     return ((_SOCKET[platform.machine()], 0, 0xFFFFFFFF, _AF_UNIX, _RET_EPERM),)
+
+
+def _futex_rules() -> tuple:
+    """A shared futex (no private flag) may be waited on, not woken, requeued or locked. Its key is the
+    file page it lies in, the same in every namespace, even on a read-only copy-on-write mapping of a
+    library every worker maps: threads one process parked on words of torch's libraries were counted
+    by another in its own namespaces (a requeue of a word onto itself returns the waiters and wakes
+    none), 0.37 us a probe (thirty-first red team). A wait alone tells nothing, and glibc's pthread_join
+    waits on a shared futex the kernel wakes at a thread's exit; process-shared locks, which would need
+    the rest, are not used by compilers nor by a CPU runner. (A GPU runner keeps them, untried with its
+    driver: a channel from a builder to it, not back.)"""
+    futex, futex_wake, futex_requeue = _FUTEX[platform.machine()]
+    return (tuple((futex, 1, 0xFF, cmd, _RET_EPERM) for cmd in _FUTEX_SHARED_CMDS)
+            + ((futex_wake, 3, 128, 0, _RET_EPERM), (futex_requeue, None, 0, 0, _RET_EPERM)))
 
 
 def _lock_rules() -> tuple:

@@ -991,6 +991,9 @@ tries("get_lock", lambda: fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fc
 tries("notify", lambda: fcntl.fcntl(os.open(os.path.dirname(shared), os.O_RDONLY), 1026, 1))
 libc = ctypes.CDLL(None, use_errno=True)
 seen["inotify"] = ctypes.get_errno() if libc.inotify_init1(0) < 0 else "made"
+seen["fanotify"] = ctypes.get_errno() if libc.fanotify_init(0x200, 0) < 0 else "made"   # FAN_REPORT_FID
+h = ctypes.create_string_buffer(136); h[0] = 128; m = ctypes.c_int()
+seen["handle"] = ctypes.get_errno() if libc.name_to_handle_at(-100, shared.encode(), h, ctypes.byref(m), 0) < 0 else "made"
 tries("dgram_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0].close())
 tries("stream_pair", lambda: socket.socketpair()[0].close())
 def resident():   # is the first page of the shared file in the page cache (mincore, through a mapping)?
@@ -1017,7 +1020,8 @@ def test_no_worker_can_signal_another_through_locks_watches_or_datagrams(ev):
     """Channels between candidates alive at the same time that need no write and no socket file: a lock
     belongs to the file, not to a namespace (read locks a builder set on torch's version.py, their ranges
     spelling a message, were read by another candidate's runner with F_GETLK: thirtieth red team); a
-    watch (inotify, F_NOTIFY) on a file every worker reads sees another's opens and reads; and a datagram
+    watch (inotify, F_NOTIFY, fanotify) on a file every worker reads sees another's opens and reads (about
+    9.5 Mbit/s through fanotify: thirty-first red team); and a datagram
     socket, even one of a pair, can send to any datagram socket file of the machine's; and which pages of
     such a file are in the page cache, which a candidate can drop (fadvise) and another see (mincore). In
     a builder and a runner alike, locks do nothing (and report success: here one this process holds
@@ -1030,10 +1034,36 @@ def test_no_worker_can_signal_another_through_locks_watches_or_datagrams(ev):
         r = ev.evaluate(AT_IMPORT.replace("CODE", repr(SIGNALS[::-1])))
     reports = _reports(ev, "signals-")
     assert len(reports) >= 2, r.message
-    want = {"flock": "done", "set_lock": "done", "get_lock": 1, "notify": 1, "inotify": 1, "dgram_pair": 1,
+    want = {"flock": "done", "set_lock": "done", "get_lock": 1, "notify": 1, "inotify": 1, "fanotify": 1,
+            "handle": 1, "dgram_pair": 1,
             "stream_pair": "done", "fadvise": "done", "pageout": "done", "still_cached": 2}
     assert all(rep == want for rep in reports), reports
     assert r.status == "ok", r.message
+
+
+def test_a_shared_futex_is_waited_on_but_never_woken_by_a_builder_or_a_cpu_runner():
+    """A shared futex's key is the file page it lies in, the same in every namespace, even on a read-only
+    mapping of a library every worker maps: threads parked on words of torch's libraries by one process
+    were counted by another (a requeue onto itself wakes none and returns the waiters: thirty-first red
+    team). A builder and a CPU runner may wait on one (glibc's pthread_join does), not wake, requeue or
+    lock; private futexes, and threads, work as before."""
+    code = (f"import ctypes, sys, threading\nsys.path.insert(0, {str(REPO)!r})\n"
+            "from evaluate_kernel.confine import confine, confine_builder\n"
+            "print(repr(confine_builder(None) if sys.argv[1] == 'builder' else confine(None, no_processes=True)))\n"
+            "libc, word = ctypes.CDLL(None, use_errno=True), ctypes.c_int(0)\n"
+            "NR = {'x86_64': 202, 'aarch64': 98}[__import__('platform').machine()]\n"
+            "def futex(op, val):\n"
+            "    return libc.syscall(NR, ctypes.byref(word), op, val, None, None, 0)\n"
+            "def tries(op, val):\n    r = futex(op, val)\n    return r if r >= 0 else -ctypes.get_errno()\n"
+            "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
+            "print(tries(1, 1), tries(3, 0), tries(4, 0), tries(1 | 128, 1), tries(3 | 128, 0), tries(0, 5))\n")
+    import errno
+    for role in ("builder", "cpu"):
+        out = subprocess.run([sys.executable, "-c", code, role], capture_output=True, text=True, timeout=60)
+        lines = out.stdout.split("\n")
+        assert lines[0] == "''", out.stdout + out.stderr
+        # shared wake, requeue, compare-requeue: EPERM; private wake and requeue: done; a shared wait: EAGAIN
+        assert [int(v) for v in lines[1].split()] == [-errno.EPERM] * 3 + [0, 0, -errno.EAGAIN], lines
 
 
 def test_a_builder_outside_a_namespace_keeps_its_locks():
