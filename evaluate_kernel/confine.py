@@ -39,6 +39,7 @@ import platform
 
 _SOCKET = {"x86_64": 41, "aarch64": 198}   # socket(2): refused for the AF_UNIX family
 _AF_UNIX = 1
+_AF_VSOCK = 40   # refused in the namespace: no network namespace holds it (a worker reached the host's, CID 2)
 # Calls judged by an argument: (fcntl, flock, socketpair) numbers, and fcntl's commands by what they do.
 _FCNTL = {"x86_64": (72, 73, 53), "aarch64": (25, 32, 199)}
 _SET_LOCKS = (6, 7, 37, 38, 1024)   # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE: done, no lock
@@ -228,6 +229,7 @@ def refuse_namespace_calls() -> None:
     fadvise_nr, madvise_nr = _EVICT[machine]
     insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _INOTIFY[machine], x32, (clone, clone3), _CLONE_NEW,
                            rules=((fcntl_nr, 1, 0xFFFFFFFF, _F_NOTIFY, _RET_EPERM),
+                                  (_SOCKET[machine], 0, 0xFFFFFFFF, _AF_VSOCK, _RET_EPERM),
                                   (socketpair_nr, 1, _SOCK_TYPE_MASK, _SOCK_DGRAM, _RET_EPERM),
                                   (fadvise_nr, None, 0, 0, _RET_DONE),
                                   (madvise_nr, 2, 0xFFFFFFFF, _MADV_COLD, _RET_DONE),

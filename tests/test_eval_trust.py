@@ -996,6 +996,7 @@ h = ctypes.create_string_buffer(136); h[0] = 128; m = ctypes.c_int()
 seen["handle"] = ctypes.get_errno() if libc.name_to_handle_at(-100, shared.encode(), h, ctypes.byref(m), 0) < 0 else "made"
 tries("dgram_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0].close())
 tries("stream_pair", lambda: socket.socketpair()[0].close())
+tries("vsock", lambda: socket.socket(40, socket.SOCK_STREAM).close())
 def resident():   # is the first page of the shared file in the page cache (mincore, through a mapping)?
     libc.mmap.restype, size, page = ctypes.c_void_p, os.fstat(fd).st_size, ctypes.create_string_buffer(1)
     at = libc.mmap(None, size, 1, 1, fd, 0)
@@ -1036,7 +1037,7 @@ def test_no_worker_can_signal_another_through_locks_watches_or_datagrams(ev):
     assert len(reports) >= 2, r.message
     want = {"flock": "done", "set_lock": "done", "get_lock": 1, "notify": 1, "inotify": 1, "fanotify": 1,
             "handle": 1, "dgram_pair": 1,
-            "stream_pair": "done", "fadvise": "done", "pageout": "done", "still_cached": 2}
+            "stream_pair": "done", "vsock": 1, "fadvise": "done", "pageout": "done", "still_cached": 2}
     assert all(rep == want for rep in reports), reports
     assert r.status == "ok", r.message
 
