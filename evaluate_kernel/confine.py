@@ -47,7 +47,7 @@ _GET_LOCKS = (5, 36, 1025)          # F_GETLK, F_OFD_GETLK, F_GETLEASE: refused
 _F_NOTIFY, _SOCK_TYPE_MASK, _SOCK_DGRAM = 1026, 0xF, 2
 # Refused in the namespace: inotify_init (x86-64 only), inotify_init1, inotify_add_watch, fanotify_init,
 # fanotify_mark, name_to_handle_at, open_by_handle_at.
-_INOTIFY = {"x86_64": (253, 294, 254, 300, 301, 303, 304), "aarch64": (26, 27, 262, 263, 264, 265)}
+_WATCHES = {"x86_64": (253, 294, 254, 300, 301, 303, 304), "aarch64": (26, 27, 262, 263, 264, 265)}
 # futex, futex_wake, futex_requeue; futex's commands that wake, requeue or lock (all but the waits, 0 and 9),
 # refused unless private (FUTEX_PRIVATE_FLAG, 128; futex_wake's FUTEX2_PRIVATE, 128, in its fourth argument).
 _FUTEX = {"x86_64": (202, 454, 456), "aarch64": (98, 454, 456)}
@@ -227,7 +227,7 @@ def refuse_namespace_calls() -> None:
     machine = platform.machine()
     fcntl_nr, _, socketpair_nr = _FCNTL[machine]
     fadvise_nr, madvise_nr = _EVICT[machine]
-    insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _INOTIFY[machine], x32, (clone, clone3), _CLONE_NEW,
+    insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _WATCHES[machine], x32, (clone, clone3), _CLONE_NEW,
                            rules=((fcntl_nr, 1, 0xFFFFFFFF, _F_NOTIFY, _RET_EPERM),
                                   (_SOCKET[machine], 0, 0xFFFFFFFF, _AF_VSOCK, _RET_EPERM),
                                   (socketpair_nr, 1, _SOCK_TYPE_MASK, _SOCK_DGRAM, _RET_EPERM),
