@@ -39,21 +39,21 @@ import platform
 
 _SOCKET = {"x86_64": 41, "aarch64": 198}   # socket(2): refused for the AF_UNIX family
 _AF_UNIX = 1
-_AF_VSOCK = 40   # refused in the namespace: no network namespace holds it (a worker reached the host's, CID 2)
+# Refused in the namespace: AF_VSOCK, which no network namespace holds (a worker reached the host's, CID 2),
+# and AF_ALG, whose sockets bound to an algorithm move a counter every process reads (/proc/crypto).
+_NO_FAMILIES = (40, 38)
 # Calls judged by an argument: (fcntl, flock, socketpair) numbers, and fcntl's commands by what they do.
 _FCNTL = {"x86_64": (72, 73, 53), "aarch64": (25, 32, 199)}
 _SET_LOCKS = (6, 7, 37, 38, 1024)   # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE: done, no lock
 _GET_LOCKS = (5, 36, 1025)          # F_GETLK, F_OFD_GETLK, F_GETLEASE: refused
-_F_NOTIFY, _SOCK_TYPE_MASK, _SOCK_DGRAM = 1026, 0xF, 2
+_F_NOTIFY, _SOCK_TYPE_MASK = 1026, 0xF
+_PAIR_TYPES = (1, 5)   # SOCK_STREAM, SOCK_SEQPACKET: the socketpairs allowed in the namespace (connected)
 # Refused in the namespace: inotify_init (x86-64 only), inotify_init1, inotify_add_watch, fanotify_init,
 # fanotify_mark, name_to_handle_at, open_by_handle_at.
 _WATCHES = {"x86_64": (253, 294, 254, 300, 301, 303, 304), "aarch64": (26, 27, 262, 263, 264, 265)}
-# futex, futex_wake, futex_requeue; futex's commands that wake, requeue or lock (all but the waits, 0 and 9),
-# refused unless private (FUTEX_PRIVATE_FLAG, 128; futex_wake's FUTEX2_PRIVATE, 128, in its fourth argument).
-_FUTEX = {"x86_64": (202, 454, 456), "aarch64": (98, 454, 456)}
-_FUTEX_SHARED_CMDS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13)
-# fadvise64, madvise: the calls that push a file's pages out of the page cache (done, nothing done).
-_EVICT = {"x86_64": (221, 28), "aarch64": (223, 233)}
+# fadvise64, madvise: the calls that push a file's pages out of the page cache (done, nothing done);
+# process_madvise (refused), which does the same to a process's own mappings.
+_EVICT = {"x86_64": (221, 28, 440), "aarch64": (223, 233, 440)}
 _MADV_COLD, _MADV_PAGEOUT = 20, 21
 _ARCH = {  # machine: (AUDIT_ARCH, seccomp syscall, always refused, process calls, clone, clone3, x32 bit)
     "x86_64": (0xC000003E, 317, (142, 144, 203, 141, 314, 425, 426, 427, 303, 304, 37, 38, 222, 283, 206, 209),
@@ -98,7 +98,8 @@ _CLONE_THREAD = 0x00010000
 # twin on the CPU: twenty-eighth red team). No build makes a FIFO or a device node. And inotify, and
 # fcntl's F_NOTIFY: a watch on a file or directory every worker reads (torch's, the finished builds) sees
 # another candidate's opens and reads, a channel between candidates alive at the same time that needs no
-# write; no compiler watches files. And socketpair of the datagram type: a datagram socket, though born
+# write; no compiler watches files. And a socketpair but of the stream and sequenced-packet types (the
+# kernel makes a raw one a datagram one: thirty-second red team): a datagram socket, though born
 # connected to its pair, can send to any datagram socket file of the machine's and be connected to one
 # (a stand-in for the system log's took datagrams from a builder and a runner: thirtieth red team; a
 # runner's descriptor channel is a sequenced-packet pair, which cannot). And fanotify, which an unprivileged
@@ -139,8 +140,7 @@ def confine(cpus: list[int] | None, no_processes: bool = False) -> str:
     audit, nr_seccomp, sched, procs, clone, clone3, x32 = arch
     return _install(nr_seccomp, filter_program(audit, sched + (procs if no_processes else ()), x32,
                                                (clone, clone3) if no_processes else None,
-                                               rules=_socket_rules() + _lock_rules()
-                                               + (_futex_rules() if no_processes else ())))
+                                               rules=_socket_rules() + _lock_rules()))
 
 
 def confine_builder(cpus: list[int] | None, locks: bool = False) -> str:
@@ -164,27 +164,12 @@ def confine_builder(cpus: list[int] | None, locks: bool = False) -> str:
         return f"not confined: seccomp filter not written for {platform.machine()}"
     audit, nr_seccomp, sched, x32 = arch[0], arch[1], arch[2][:5], arch[6]
     return _install(nr_seccomp, filter_program(audit, sched, x32, refusal=_RET_DONE,
-                                               rules=_socket_rules() + (() if locks else _lock_rules())
-                                               + _futex_rules()))
+                                               rules=_socket_rules() + (() if locks else _lock_rules())))
 
 
 def _socket_rules() -> tuple:
     """socket(AF_UNIX, ...) -> EPERM."""
     return ((_SOCKET[platform.machine()], 0, 0xFFFFFFFF, _AF_UNIX, _RET_EPERM),)
-
-
-def _futex_rules() -> tuple:
-    """A shared futex (no private flag) may be waited on, not woken, requeued or locked. Its key is the
-    file page it lies in, the same in every namespace, even on a read-only copy-on-write mapping of a
-    library every worker maps: threads one process parked on words of torch's libraries were counted
-    by another in its own namespaces (a requeue of a word onto itself returns the waiters and wakes
-    none), 0.37 us a probe (thirty-first red team). A wait alone tells nothing, and glibc's pthread_join
-    waits on a shared futex the kernel wakes at a thread's exit; process-shared locks, which would need
-    the rest, are not used by compilers nor by a CPU runner. (A GPU runner keeps them, untried with its
-    driver: a channel from a builder to it, not back.)"""
-    futex, futex_wake, futex_requeue = _FUTEX[platform.machine()]
-    return (tuple((futex, 1, 0xFF, cmd, _RET_EPERM) for cmd in _FUTEX_SHARED_CMDS)
-            + ((futex_wake, 3, 128, 0, _RET_EPERM), (futex_requeue, None, 0, 0, _RET_EPERM)))
 
 
 def _lock_rules() -> tuple:
@@ -226,11 +211,13 @@ def refuse_namespace_calls() -> None:
     audit, nr_seccomp, clone, clone3, x32 = arch[0], arch[1], arch[4], arch[5], arch[6]
     machine = platform.machine()
     fcntl_nr, _, socketpair_nr = _FCNTL[machine]
-    fadvise_nr, madvise_nr = _EVICT[machine]
-    insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _WATCHES[machine], x32, (clone, clone3), _CLONE_NEW,
+    fadvise_nr, madvise_nr, process_madvise_nr = _EVICT[machine]
+    insns = filter_program(audit, _NAMESPACE_CALLS[machine] + _WATCHES[machine] + (process_madvise_nr,), x32,
+                           (clone, clone3), _CLONE_NEW,
                            rules=((fcntl_nr, 1, 0xFFFFFFFF, _F_NOTIFY, _RET_EPERM),
-                                  (_SOCKET[machine], 0, 0xFFFFFFFF, _AF_VSOCK, _RET_EPERM),
-                                  (socketpair_nr, 1, _SOCK_TYPE_MASK, _SOCK_DGRAM, _RET_EPERM),
+                                  *((_SOCKET[machine], 0, 0xFFFFFFFF, f, _RET_EPERM) for f in _NO_FAMILIES),
+                                  *((socketpair_nr, 1, _SOCK_TYPE_MASK, t, _RET_EPERM)
+                                    for t in range(_SOCK_TYPE_MASK + 1) if t not in _PAIR_TYPES),
                                   (fadvise_nr, None, 0, 0, _RET_DONE),
                                   (madvise_nr, 2, 0xFFFFFFFF, _MADV_COLD, _RET_DONE),
                                   (madvise_nr, 2, 0xFFFFFFFF, _MADV_PAGEOUT, _RET_DONE)))

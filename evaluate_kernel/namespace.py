@@ -173,7 +173,8 @@ def _writes_only_where_it_may(writable: list[str]) -> None:
     worker whatever its mode, and two candidates alive at the same time that open the same one have a
     pipe between them (a FIFO moved into the finished builds carried one candidate's inputs to another's
     builder: 8.7x over the twin on the CPU, twenty-eighth red team; no worker can make one since). A
-    kernel without Landlock leaves the machine's FIFOs as they are."""
+    kernel without Landlock leaves the machine's FIFOs as they are. /dev/stdout and /dev/stderr do not
+    open for writing (they lead to the worker's log, outside its home); descriptors 1 and 2 write as ever."""
     libc = _libc()
     abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))   # its version
     if abi < 1:
@@ -329,6 +330,9 @@ def _fresh_dev(gpu: bool) -> None:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
         os.close(fd)
+        # Read-only: the node's inode is the host's, and its times, set by utimensat, were a channel every
+        # process reads (thirty-second red team); a device node reads and writes on a read-only mount.
+        _read_only(path)
     os.mkdir("/dev/shm")
     _mount("pacevolve-shm", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
