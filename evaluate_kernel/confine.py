@@ -151,12 +151,13 @@ def confine_builder(cpus: list[int] | None, locks: bool = False) -> str:
     baseline is measured beside the first build): moved onto a runner's core it would slow the batches
     there (twenty-sixth red team, by reading). Compilers that pin their own threads (cicc links
     sched_setaffinity) go on as if they had. And a socket of the AF_UNIX family fails with EPERM (a
-    connected pair stays; a datagram pair fails in the namespace): a socket file of the machine's that
+    connected pair stays; other pairs fail in the namespace): a socket file of the machine's that
     candidates alive at the same time both reach is a channel between them no mount stops, connecting
     being no write (twenty-eighth red team: a root-owned 0600 socket took messages from a builder and a
-    runner); no compiler needs one, and a builder has no GPU whose driver might. Without locks (a builder in the namespace, where the one lock it would take, the
-    precompiled header's, is hidden), file locks do nothing and report success and asking for another's
-    fails (_lock_rules). "" when done, else why not."""
+    runner); no compiler needs one, and a builder has no GPU whose driver might. Without locks (a builder
+    in the namespace, where the one lock it would take, the precompiled header's, is hidden), file locks
+    do nothing and report success and asking for another's fails (_lock_rules). "" when done, else why
+    not."""
     if cpus:
         pin_threads(cpus)
     arch = _ARCH.get(platform.machine())
