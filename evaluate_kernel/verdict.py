@@ -78,6 +78,10 @@ def failure(msg: dict, details: dict) -> EvalResult:
             k in err for k in ("Inductor", "inductor", "dynamo", "triton", "Triton")):
         err = ("torch.compile and Triton compile at the first call, in a process that may not start a compiler; "
                "build native code with load_inline at import or in the constructor: " + err)
+    elif "Operation not permitted" in err or "PermissionError" in err:
+        err = ("the sandbox refused a system call (a candidate may not start processes on the CPU, move its "
+               "threads to other cores or raise their priority, arm timers, open local sockets, or watch or lock "
+               "files others read): " + err)
     where = str(msg.get("where", "run"))[:40]
     status = "invalid" if where == "import" and "ModelNew" in err and "KeyError" in err else "runtime_error"
     return EvalResult(status, message=f"{where}: {err}", details=dict(details, error=err))

@@ -397,6 +397,10 @@ def test_failure_messages_say_what_an_honest_program_can_do_about_them():
     r = verdict.failure({"kind": "error", "where": "forward",
                          "error": "InductorError: PermissionError: [Errno 1] Operation not permitted"}, {})
     assert r.status == "runtime_error" and "torch.compile" in r.message and "load_inline" in r.message
+    r = verdict.failure({"kind": "error", "where": "forward",
+                         "error": "PermissionError: [Errno 1] Operation not permitted [candidate line 18]"}, {})
+    assert r.status == "runtime_error" and "may not start processes on the CPU" in r.message
+    assert r.message.endswith("Operation not permitted [candidate line 18]")
     same = "calls 0 and 1 returned outputs in the same memory: return a new tensor from every call"
     assert any(m in same for m in readout.HONEST_MISTAKES)
     assert verdict.forged({}, same, honest_mistake=True).message == "rejected: " + same
