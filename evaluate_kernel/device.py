@@ -372,23 +372,24 @@ class Device:
         now (each is started again when next needed). Called at the start and the end of every turn on
         the device: a death between them is that turn's candidate's; one before it is nobody's."""
         with self.ref_lock:
-            if self.ref is not None and self.ref.proc.poll() is not None:
-                self.ref_deaths += 1
-                self.ref.kill()
-                self.ref = None
+            self._notice_dead_ref()
         if self.ref_runner is not None and self.ref_runner.proc.poll() is not None:
             self.ref_deaths += 1
             self._drop_ref_runner()
         return self.ref_deaths
 
+    def _notice_dead_ref(self) -> None:
+        """(ref_lock held) A reference worker found dead is counted and let go. Nothing of ours kills it: a
+        candidate's process did (or it crashed), and the candidate of that turn is rejected
+        (Evaluation.ref_died); the next one starts from the checked copy (_new_worker)."""
+        if self.ref is not None and self.ref.proc.poll() is not None:
+            self.ref_deaths += 1
+            self.ref.kill()
+            self.ref = None
+
     def ref_call(self, req: dict) -> dict:
         with self.ref_lock:
-            if self.ref is not None and self.ref.proc.poll() is not None:
-                # Nothing of ours kills it: a candidate's process did (or it crashed). The candidate is
-                # rejected (Evaluator.evaluate), and the new one starts from the checked copy (_new_worker).
-                self.ref_deaths += 1
-                self.ref.kill()
-                self.ref = None
+            self._notice_dead_ref()
             if self.ref is None:
                 self._start_ref()
             self.ref.send(req)
