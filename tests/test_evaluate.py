@@ -778,6 +778,8 @@ def test_gpu_repeatability(gpu_ev, gpu_results):
         r = gpu_ev.evaluate(src)
         walls.append(time.monotonic() - t0)
         assert r.status == "ok"
+        # A repeat is never rebuilt; its wall time depends on the host's load and is bench_eval's to measure.
+        assert r.details.get("build_cached"), r.details.get("phases")
         meds.append(r.runtime_ms)
     spread = (max(meds) - min(meds)) / min(meds)
     print("REPEAT medians_ms", [round(m, 5) for m in meds], "spread", round(spread, 4), "cached wall_s",
@@ -786,7 +788,6 @@ def test_gpu_repeatability(gpu_ev, gpu_results):
     # outliers; most medians must agree. scripts/bench_eval.py measures the full-size task (BENCHMARKS.md).
     close = sorted(meds)[len(meds) // 2] * 1.15
     assert sum(m <= close for m in meds) >= 3, spread
-    assert max(walls) < 8
 
 
 @pytest.mark.gpu
