@@ -178,7 +178,7 @@ class HostInputs:
         candidate's sets stay what its inputs are checked against."""
         import torch
 
-        from .inputs import _draw_sets
+        from .inputs import _draw_many
         if self.device is not None:   # no line the last batch (either side's) marked persisting stays so
             from .batches import reset_persisting_l2
             reset_persisting_l2(self.device)
@@ -186,9 +186,9 @@ class HostInputs:
             self.drawn = None   # the last batch's bytes go before the next are drawn
             with torch.no_grad():
                 if self.device is None:
-                    sets = _draw_sets(self.ref_ns, seed, n, torch.device("cpu"), False)
+                    sets = _draw_many(self.ref_ns, seed, n, torch.device("cpu"), False)
                 else:
-                    sets = _draw_sets(self.ref_ns, seed, n, self.device, self.on_device)
+                    sets = _draw_many(self.ref_ns, seed, n, self.device, self.on_device)
                 self.drawn = ((seed, n), *pack(sets, min(a.size for a in self.arenas.values()), mix=seed))
         _, layout, block = self.drawn
         if pick is not None:

@@ -116,6 +116,93 @@ def test_inputs_that_change_shape_between_calls_are_refused():
         pack([[torch.zeros(2)], [torch.zeros(3)]], 1 << 20)
 
 
+
+def _get_inputs(body: str) -> dict:
+    ns: dict = {}
+    exec("import random\nimport torch\n\ndef get_inputs():\n" + textwrap.indent(body, "    ") + "\n", ns)
+    return ns
+
+
+@pytest.mark.parametrize("body", [
+    "return [torch.randn(4, 5) * 2]",                      # something done to the draw
+    "return [torch.randint(0, 4, (4, 5))]",                # another function
+    "return [torch.rand(3, generator=None)]",              # a keyword of its own
+    "return [torch.rand(3, requires_grad=True)]",
+    "x = torch.rand(3)\nreturn [x, x]",                   # one tensor twice
+    "return [torch.rand(3), random.random()]",             # a value that changes from call to call
+    "return [torch.rand(random.randint(1, 10 ** 6))]",     # a size that does
+    "x = torch.rand(3)\nx.mul_(2)\nreturn [x]",              # changed in place
+    "raise RuntimeError('no')",
+])
+def test_inputs_made_any_other_way_are_drawn_set_by_set(body):
+    from evaluate_kernel.inputs import _factory_plan
+    assert _factory_plan(_get_inputs(body), torch.device("cpu")) is None
+
+
+@given(st.lists(st.one_of(
+    st.tuples(st.sampled_from(["rand", "randn"]), st.lists(st.integers(1, 5), min_size=1, max_size=3),
+              st.sampled_from(["", ", dtype=torch.float64", ", dtype=torch.float16"]), st.sampled_from(["*", "tuple", "size"])),
+    st.integers(-3, 3)), min_size=1, max_size=4), st.integers(2, 9), st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_inputs_of_fresh_random_tensors_are_drawn_a_column_at_once_and_alike(items, n, seed):
+    """Where get_inputs() returns tensors of torch.rand or torch.randn as drawn (sizes spelt any way,
+    a dtype or not) and values that do not change, the timing's sets are drawn one input for all sets at
+    once: each set has the shapes, dtypes and values get_inputs() returns, each drawn tensor of its own
+    set, from the same seed the same sets."""
+    from evaluate_kernel.inputs import _drawn_by_plan, _factory_plan
+    parts = []
+    for item in items:
+        if isinstance(item, int):
+            parts.append(repr(item))
+            continue
+        fn, size, dtype, spelling = item
+        args = {"*": ", ".join(map(str, size)), "tuple": repr(tuple(size)), "size": f"size={tuple(size)!r}"}[spelling]
+        parts.append(f"torch.{fn}({args}{dtype})")
+    ns = _get_inputs(f"return [{', '.join(parts)}]")
+    plan = _factory_plan(ns, torch.device("cpu"))
+    assert plan is not None
+    sets = _drawn_by_plan(plan, seed, n, torch.device("cpu"), torch.device("cpu"))
+    assert len(sets) == n
+    want = ns["get_inputs"]()
+    for xs in sets:
+        assert len(xs) == len(want)
+        for x, w in zip(xs, want):
+            if isinstance(w, torch.Tensor):
+                assert isinstance(x, torch.Tensor) and x.shape == w.shape and x.dtype == w.dtype and x.is_contiguous()
+            else:
+                assert x == w and type(x) is type(w)
+    for j, w in enumerate(want):
+        if isinstance(w, torch.Tensor) and w.numel() > 2:
+            assert not torch.equal(sets[0][j], sets[1][j])
+    again = _drawn_by_plan(plan, seed, n, torch.device("cpu"), torch.device("cpu"))
+    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+               for xs, ys in zip(sets, again) for a, b in zip(xs, ys))
+
+
+def test_a_column_drawn_at_once_keeps_its_function_s_distribution():
+    from evaluate_kernel.inputs import _drawn_by_plan, _factory_plan
+    plan = _factory_plan(_get_inputs("return [torch.randn(64, 64), torch.rand(64, 64)]"), torch.device("cpu"))
+    sets = _drawn_by_plan(plan, 7, 32, torch.device("cpu"), torch.device("cpu"))
+    normal = torch.stack([xs[0] for xs in sets])
+    uniform = torch.stack([xs[1] for xs in sets])
+    assert abs(normal.mean().item()) < 0.01 and abs(normal.std().item() - 1) < 0.01
+    assert uniform.min().item() >= 0 and uniform.max().item() < 1 and abs(uniform.mean().item() - 0.5) < 0.01
+
+
+@pytest.mark.gpu
+def test_the_timings_sets_of_a_task_are_drawn_on_the_gpu_a_column_at_once():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import tasks
+    from evaluate_kernel.inputs import _draw_many, _factory_plan
+    ns: dict = {}
+    exec(tasks.get("softmax@v0").reference_src, ns)
+    gpu = torch.device("cuda")
+    assert _factory_plan(ns, gpu) is not None
+    sets = _draw_many(ns, 3, 64, gpu)
+    assert len(sets) == 64 and all(xs[0].is_cuda and xs[0].shape == (16, 16384) for xs in sets)
+    assert len({xs[0][0, :4].sum().item() for xs in sets}) == 64
+
 @given(st.integers(min_value=1, max_value=40), st.integers(min_value=0, max_value=2**31 - 1),
        st.sampled_from([(), (5,), (3, 4), (2, 3, 4)]))
 @settings(max_examples=40, deadline=None)
