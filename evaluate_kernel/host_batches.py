@@ -296,6 +296,13 @@ def pack(sets: list[list], capacity: int, mix: int | None = None) -> tuple[dict,
         if "dtype" not in item:
             continue
         shape, stride = torch.Size(item["shape"]), tuple(item["stride"])
+        drawn = getattr(sets, "columns", None)   # inputs.DrawnSets: the column as drawn, every set alike
+        if drawn is not None and drawn[j] is not None and drawn[j].device == on:
+            whole = drawn[j]
+            if dists is not None and whole.is_floating_point():
+                whole = _mixed(whole, dists, gen)
+            rows[:, item["offset"]:item["offset"] + item["nbytes"]].copy_(whole.reshape(n, -1).view(torch.uint8))
+            continue
         col = [xs[j] for xs in sets]
         for x in col:
             if not (isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") == item["dtype"]

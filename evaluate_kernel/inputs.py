@@ -97,14 +97,23 @@ def _draw_many(ref_ns: dict, seed: int, n: int, device, on_device: bool = True) 
     return _drawn_by_plan(plan, seed, n, draw_on, device)
 
 
-def _drawn_by_plan(plan: list, seed: int, n: int, draw_on, device) -> list:
+class DrawnSets(list):
+    """n input sets drawn a column at once: `columns[j]`, where input j is a tensor, holds it for every
+    set (set i's is row i), so that laying them out (host_batches.pack) need not stack them again."""
+
+    def __init__(self, sets: list, columns: list):
+        super().__init__(sets)
+        self.columns = columns
+
+
+def _drawn_by_plan(plan: list, seed: int, n: int, draw_on, device) -> DrawnSets:
     """n input sets as _factory_plan's plan makes them: each drawn input once for all n sets."""
     import torch
     _set_seed(seed)
     with torch.device(draw_on):
-        columns = [step if kind == "value" else step[0]((n, *step[1]), **step[2]) for kind, step in plan]
-    return [[col if kind == "value" else col[i].to(device) for (kind, _), col in zip(plan, columns)]
-            for i in range(n)]
+        columns = [step if kind == "value" else step[0]((n, *step[1]), **step[2]).to(device) for kind, step in plan]
+    sets = [[col if kind == "value" else col[i] for (kind, _), col in zip(plan, columns)] for i in range(n)]
+    return DrawnSets(sets, [col if kind == "draw" else None for (kind, _), col in zip(plan, columns)])
 
 
 def _factory_plan(ref_ns: dict, draw_on) -> list | None:

@@ -177,6 +177,11 @@ def test_inputs_of_fresh_random_tensors_are_drawn_a_column_at_once_and_alike(ite
     again = _drawn_by_plan(plan, seed, n, torch.device("cpu"), torch.device("cpu"))
     assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
                for xs, ys in zip(sets, again) for a, b in zip(xs, ys))
+    # Laid out from their columns, they are the bytes the same sets make laid out one by one.
+    one_by_one = pack([list(xs) for xs in sets], 1 << 22, mix=seed)
+    at_once = pack(sets, 1 << 22, mix=seed)
+    assert {k: v for k, v in one_by_one[0].items() if k != "base"} == {k: v for k, v in at_once[0].items() if k != "base"}
+    assert torch.equal(one_by_one[1], at_once[1])
 
 
 def test_a_column_drawn_at_once_keeps_its_function_s_distribution():
