@@ -78,7 +78,9 @@ on the runner's answer and looked again after a pause); those kept in tests/chea
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
 candidate that skips a fraction f of its calls is caught with probability 1-(1-f)^k over k checks; without
 a namespace, a process that clears its environment and leaves its worker's tree escapes the sweep, and the
-runner can signal the reference worker (its death then rejects the candidate); the cache directory stays
+runner can signal the reference worker (its death then rejects the candidate); candidates alive at once
+share the machine's counters (/proc/meminfo, file-system free space, load), a channel of bytes a second
+(thirty-third red team: 16 bytes/s through Shmem; no profit from it measured); the cache directory stays
 writable to candidates (and, without a namespace, /dev/shm). In the namespace a worker is still root
 (without capabilities): it reads files only root may read, which its messages may quote to the LLM.
 Not supported: inputs that hold tensors
