@@ -372,8 +372,9 @@ class Evaluator:
         self._check_code()
         # A CPU runner's inputs arrive in a shared-memory file the reference worker writes (host_batches.py):
         # made here, so the runner holds it from its start and the reference worker opens it through us. (A
-        # GPU runner's region comes later, on its fd_channel: Device.give_region.)
-        arena = (new_memfd(self.input_file_bytes), self.input_file_bytes) if warm and self.device != "cuda" else None
+        # GPU runner's region comes later, on its fd_channel: Device.give_region. A builder times nothing.)
+        arena = ((new_memfd(self.input_file_bytes), self.input_file_bytes)
+                 if warm and not builder and self.device != "cuda" else None)
         home = None
         if warm:   # its home: the only directory it writes in, and every cache and scratch file goes there
             home = tempfile.mkdtemp(prefix="", dir=self._homes)
