@@ -278,6 +278,11 @@ class Evaluation(Timing):
             self.phases["runner_start"] = round(max(0.0, marks["job_received"] - sent), 3)
             self.phases["load"] = round(marks["candidate_loaded"] - marks["job_received"], 3)
             self.phases["trials"] = round(marks["trials_done"] - marks["candidate_loaded"], 3)
+            if {"first_trial_done", "trials_run"} <= set(marks):   # where a fresh process's trials go
+                self.details["trials_split_s"] = {
+                    "first": round(marks["first_trial_done"] - marks["candidate_loaded"], 3),
+                    "others": round(marks["trials_run"] - marks["first_trial_done"], 3),
+                    "outputs_written": round(marks["trials_done"] - marks["trials_run"], 3)}
         if msg.get("confined") is not None:
             self.details["confined"] = str(msg["confined"] or "yes")[:200]
 

@@ -218,9 +218,11 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
                 send({"kind": "rejected", "error": problem})
                 return
             outputs.append(tensors)
+            marks.setdefault("first_trial_done", time.time())
     except BaseException as e:  # noqa: BLE001
         send({"kind": "error", "where": "forward", "error": _short_traceback(e)})
         return
+    marks["trials_run"] = time.time()
     path = os.path.join(job["work_dir"], "trials.bin")
     tensorfile.write(path, {str(k): ts for k, ts in enumerate(outputs)})
     marks["trials_done"] = time.time()

@@ -86,9 +86,13 @@ def cost_rows(result, wall_s: float) -> dict[str, float]:
     rows: dict[str, float] = {}
     if isinstance(d.get("build_wall_s"), (int, float)):
         rows["build"] = float(d["build_wall_s"])
+    split = d.get("trials_split_s") or {}
     for k, v in (d.get("phases") or {}).items():
         if isinstance(v, (int, float)) and k != "timing":
-            rows[k] = float(v)
+            if k == "trials" and split and all(isinstance(x, (int, float)) for x in split.values()):
+                rows.update({f"trials: {part.replace('_', ' ')}": float(x) for part, x in split.items()})
+            else:
+                rows[k] = float(v)
     timing, t = (d.get("phases") or {}).get("timing"), d.get("timing") or {}
     if isinstance(timing, (int, float)):
         batches = (t.get("batches_ref_ms") or []) + (t.get("batches_cand_ms") or [])

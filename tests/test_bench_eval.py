@@ -35,6 +35,15 @@ def test_cost_rows_split_the_timing_and_account_for_the_wall():
     assert "timing" not in rows
 
 
+def test_the_trials_row_is_split_where_the_result_splits_it():
+    r = _result(build=10.0)
+    r.details["trials_split_s"] = {"first": 0.2, "others": 0.08, "outputs_written": 0.02}
+    rows = bench_eval.cost_rows(r, wall_s=13.0)
+    assert "trials" not in rows
+    assert (rows["trials: first"], rows["trials: others"], rows["trials: outputs written"]) == (0.2, 0.08, 0.02)
+    assert abs(sum(rows.values()) - 13.0) < 1e-9
+
+
 def test_phase_table_names_each_columns_three_biggest_costs():
     md = bench_eval.phase_table({"cold": (_result(build=10.0), 13.0), "cached": (_result(timing=2.5), 3.0)})
     lines = md.splitlines()

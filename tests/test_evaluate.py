@@ -134,6 +134,13 @@ def test_runner_loads_the_built_library_without_asking_ninja(ev, cpp_results):
     assert r.details["phases"]["load"] < 1.0, r.details["phases"]
 
 
+def test_a_results_trials_are_split_into_the_first_the_others_and_the_outputs_written(cpp_results):
+    r = cpp_results["again"]
+    split = r.details["trials_split_s"]
+    assert set(split) == {"first", "others", "outputs_written"} and min(split.values()) >= 0, split
+    assert abs(sum(split.values()) - r.details["phases"]["trials"]) < 0.005, (split, r.details["phases"])
+
+
 def test_cpp_compile_error_reports_first_error(cpp_results):
     r = cpp_results["broken"]
     assert r.status == "compile_error"
