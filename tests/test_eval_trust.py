@@ -1155,10 +1155,11 @@ def test_a_fifo_in_place_of_the_outputs_does_not_hang_the_reference_worker(ev):
     assert ev.evaluate(HONEST).status == "ok"
 
 
-def test_start_up_marks_that_are_no_numbers_are_ignored(ev):
-    r = ev.evaluate(OVERFLOW_MARKS)
+@pytest.mark.parametrize("clock", ["10 ** 400", 'float("nan")'])
+def test_start_up_marks_that_are_no_finite_numbers_are_ignored(ev, clock):
+    r = ev.evaluate(OVERFLOW_MARKS.replace("'004 ** 01 :adbmal", f"'{clock[::-1]} :adbmal"))
     assert r.status == "ok", r.message
-    assert "load" not in r.details.get("phases", {})
+    assert "load" not in r.details.get("phases", {}) and "trials_split_s" not in r.details
 
 
 # ------------------------------------------------------------------------------------------ parent's clock
