@@ -14,6 +14,7 @@ import signal
 import statistics
 import tempfile
 import threading
+import time
 
 from . import vmm
 from .common import lock_path, open_lock
@@ -39,7 +40,9 @@ class Device:
         self.ref_lock = threading.Lock()
         self.ref_deaths = 0  # unexpected deaths of the reference worker: each rejects the candidate then running
         self.ref_starts = 0  # (GPU) regions belong to one reference worker: a runner's region, to the start it came from
+        t0 = time.monotonic()
         self.info = self._start_ref()
+        self.start_s = {"reference_worker": round(time.monotonic() - t0, 3)}   # display only (Evaluator.start_s)
         # (GPU) A runner's inputs and outputs lie in device memory the reference worker makes and reads
         # (vmm.py, host_batches.py), where the driver and the kernel allow it; else the runner draws and
         # digests them itself (batches.py). "yes", or why not.
@@ -55,6 +58,7 @@ class Device:
                 self.info["probe_copy_ms"] = {k: float(v) for k, v in (ready.get("probe_copy_ms") or {}).items()}
             except (TimeoutError, EOFError) as e:
                 raise RuntimeError(f"GPU prober failed to start ({e!r}): {self.prober.log_tail()}") from None
+            self.start_s["prober"] = round(time.monotonic() - t0, 3)
         # (GPU) The first probe after another context's work waits while the GPU switches to the prober's
         # context (0.15-0.2 ms on an H100, where an idle probe takes 0.02): what the drains after the
         # reference runner's batches saw first, which drains._drain charges nobody for.

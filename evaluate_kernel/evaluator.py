@@ -75,6 +75,8 @@ class Evaluator:
         unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
         if unknown:
             raise TypeError(f"unknown options: {sorted(unknown)}")
+        self._t0 = time.monotonic()
+        self._start_s: dict[str, float] = {}   # start_s
         self.reference_src, self.device, self.flops = reference_src, device, flops
         self.opts = Options(**options)
         if self.opts.allow_tf32:  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
@@ -150,7 +152,9 @@ class Evaluator:
         if device == "cuda" and not gpus:
             raise RuntimeError("device='cuda' but no CUDA GPU is visible")
         self._cpu_plan(len(gpus))
+        self._started("setup")
         self.devices = [Device(self, i) for i in gpus]
+        self._started("devices")   # each device's reference worker, then its prober (Device.start_s)
         cap = self.devices[0].info.get("capability")
         fast_nvcc = self._code.path("fast_nvcc.py")
         self.builds = Builds(self, self._seal, self._key_dir, self._code.import_dir,
@@ -175,6 +179,7 @@ class Evaluator:
                     pch_ready.result()   # nor our header's build, on cores the runners share
                 for dev in self.devices:
                     self._baseline(dev)
+                self._started("baseline")
 
     # ---------------------------------------------------------------- public API
     def evaluate(self, candidate_src: str) -> EvalResult:
@@ -410,6 +415,18 @@ class Evaluator:
                                      preexec=_preexec(True, None))
         except OSError as e:
             self._fork_problem = f"failed: {e}"
+
+    def _started(self, step: str) -> None:
+        self._start_s[step] = round(time.monotonic() - self._t0, 3)
+
+    @property
+    def start_s(self) -> dict[str, float]:
+        """Seconds from the constructor's call to the end of each start-up step (display only: where a
+        first verdict waits): setup, fork_server (torch imported there, read at the first fork), devices
+        (each device's reference worker, then its prober: Device.start_s), baseline (when measured then)."""
+        forks = self._forks
+        ready = {"fork_server": round(forks.ready_at - self._t0, 3)} if forks and forks.ready_at else {}
+        return dict(self._start_s, **ready)
 
     @property
     def fork_server(self) -> str:

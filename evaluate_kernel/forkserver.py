@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from .namespace import ABORT, Namespace
 
@@ -54,6 +55,7 @@ class ForkServer:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._ready: bool | None = None
+        self.ready_at: float | None = None   # time.monotonic() when its readiness was read (the first fork waits)
         self.problem = ""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
@@ -76,6 +78,7 @@ class ForkServer:
             except (OSError, ValueError) as e:
                 msg = {"error": repr(e)}
             self._ready = msg.get("kind") == "ready"
+            self.ready_at = time.monotonic()
             if not self._ready:
                 self.problem = msg.get("error") or "no answer"
                 self.close()

@@ -279,7 +279,8 @@ def main() -> int:
             base = ev.baseline_ms(0)
             info = ev.baseline_info(0)
             add("Evaluator start (the constructor; on a GPU with cores for the runners the baseline comes after it)",
-                f"{started_s:.1f} s; reference {base:.3f} ms per call; self-check (the reference timed as a "
+                f"{started_s:.1f} s (steps ended at, s: {ev.start_s}; the device's: {ev.devices[0].start_s}); "
+                f"reference {base:.3f} ms per call; self-check (the reference timed as a "
                 f"candidate) {info.get('self_check', float('nan')):.4f}x")
             add("cold evaluation (fresh cache)", f"{cold_wall:.1f} s wall ({split(cold, cache)}); status {cold.status}, "
                                                  f"{cold.runtime_ms} ms, speedup {cold.speedup}")

@@ -134,6 +134,16 @@ def test_runner_loads_the_built_library_without_asking_ninja(ev, cpp_results):
     assert r.details["phases"]["load"] < 1.0, r.details["phases"]
 
 
+def test_the_evaluator_says_when_each_start_up_step_ended(ev):
+    """Where a first verdict waits: seconds from the constructor's call to the end of each step."""
+    s = ev.start_s
+    assert {"setup", "devices"} <= set(s) and 0 <= s["setup"] <= s["devices"], s
+    assert "baseline" not in s or s["baseline"] >= s["devices"]
+    assert 0 < ev.devices[0].start_s["reference_worker"] <= s["devices"], (ev.devices[0].start_s, s)
+    if ev.fork_server == "on":
+        assert s["fork_server"] > 0
+
+
 def test_a_results_trials_are_split_into_the_first_the_others_and_the_outputs_written(cpp_results):
     r = cpp_results["again"]
     split = r.details["trials_split_s"]
