@@ -63,15 +63,11 @@ TABLE5 = {  # task name -> (KernelBench level, problem index, the paper's row na
     "layernorm": (1, 40, "LayerNorm"),
 }
 
-# Deeper or longer reductions than the fp32 defaults allow for: honest kernels that sum in another order
-# land a few 1e-6 (up to ~2e-5) from the reference in relative L2, while TF32/bf16 input rounding lands
-# >= 3e-4 on zero-mean inputs, so these bounds still reject reduced precision.
+# Longer reductions than the fp32 defaults allow for elementwise: honest kernels that sum in another order
+# land a few 1e-6 (up to ~2e-5) from the reference in relative L2, within the default L2 bound (5e-5),
+# while TF32/bf16 input rounding lands >= 3e-4 on zero-mean inputs.
 _FP32_OVERRIDES = {
-    "matmul": dict(atol=2e-4, l2_tol=5e-5),  # K >= 131072: sequential fp32 accumulation drifts ~2e-5
-    "mlp": dict(l2_tol=2e-5),                # three chained Linear reductions
-    "rnn": dict(l2_tol=2e-5),                # two chained Linear reductions
-    "vgg16": dict(l2_tol=2e-5),              # sixteen layers, K up to 25088
-    "alexnet": dict(l2_tol=2e-5),            # eight layers, K up to 9216
+    "matmul": dict(atol=2e-4),  # K >= 131072: sequential fp32 accumulation drifts ~2e-5
 }
 
 

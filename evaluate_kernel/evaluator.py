@@ -45,7 +45,7 @@ def task_settings(task) -> dict:
     """What a task (tasks.Task, or anything with those attributes) sets in an Evaluator: its device,
     tolerances and flops. Evaluator.for_task and the Ray evaluator's both use it."""
     return dict(device=getattr(task, "device", "cuda"), rtol=getattr(task, "rtol", 1e-4),
-                atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 1e-5),
+                atol=getattr(task, "atol", 1e-4), l2_tol=getattr(task, "l2_tol", 5e-5),
                 flops=getattr(task, "flops", 0.0))
 
 
@@ -69,7 +69,7 @@ class Evaluator:
     """
 
     def __init__(self, reference_src: str, *, device: str = "cuda", gpus: list[int] | None = None,
-                 rtol: float = 1e-4, atol: float = 1e-4, l2_tol: float = 1e-5, flops: float = 0.0,
+                 rtol: float = 1e-4, atol: float = 1e-4, l2_tol: float = 5e-5, flops: float = 0.0,
                  cache_dir: str | None = None, log_dir: str | None = None, import_dirs: Sequence[str] = (),
                  key_dir: str | None = None, **options):
         unknown = set(options) - {f.name for f in dataclasses.fields(Options)}

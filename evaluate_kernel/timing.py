@@ -308,8 +308,13 @@ class Timing(Steps):
         self.details["timed_checks"] = checks
         for it, r in zip(items, results):
             if not r["ok"]:
-                return EvalResult("incorrect", message=f"timed call {it['key']} (batch:call) returned a wrong result "
-                                  f"(outputs cached, skipped or computed after their batch?): {r['reason']}",
+                # A near miss is precision (an honest kernel's summation order on inputs the trials did not
+                # draw), not a sign of outputs that were never computed for these inputs.
+                l2 = r.get("rel_l2")
+                near = isinstance(l2, (int, float)) and 0 < l2 <= 10 * self.ev.l2_tol
+                why = "is outside the tolerance" if near else \
+                    "returned a wrong result (outputs cached, skipped or computed after their batch?)"
+                return EvalResult("incorrect", message=f"timed call {it['key']} (batch:call) {why}: {r['reason']}",
                                   details=self.details)
         return None
 

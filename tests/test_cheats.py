@@ -37,6 +37,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import tasks
+
 HERE = Path(__file__).resolve().parent
 CHEATS = HERE / "cheats"
 HONEST = HERE / "honest"
@@ -382,6 +384,7 @@ REFERENCES = {
     "gn": _gn(8, 3, 16, 32, 8),                    # level2 #92 at KernelBench v0 sizes, batch 8
     "gn_cuda": _gn(32, 8, 64, 128, 16),            # a quarter of the v0.1 batch, for the GPU tests
     "softmax": SOFTMAX_SRC,
+    "softmax_v0": tasks.get("softmax@v0").reference_src,   # 16 x 16,384, torch.randn
     "relu": RELU_SRC,
     "matmul": MATMUL_SRC,
     "bias_reduce": BIAS_REDUCE_SRC,

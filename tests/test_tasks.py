@@ -105,11 +105,10 @@ def test_every_task_is_well_formed(name):
 
 def test_tolerances_are_fp32_defaults_except_the_documented_overrides():
     loosened = {n for n in tasks.names()
-                if (tasks.get(n).rtol, tasks.get(n).atol, tasks.get(n).l2_tol) != (1e-4, 1e-4, 1e-5)}
-    deep = {"matmul", "mlp", "rnn", "vgg16", "alexnet"}
-    assert loosened == deep | {n + "@v0" for n in deep}
+                if (tasks.get(n).rtol, tasks.get(n).atol, tasks.get(n).l2_tol) != (1e-4, 1e-4, 5e-5)}
+    assert loosened == {"matmul", "matmul@v0"}
     # Still tight enough to fail TF32 (~3e-4 relative on zero-mean inputs) and the measured cheats.
-    assert all(tasks.get(n).l2_tol <= 5e-5 for n in loosened)
+    assert all(tasks.get(n).l2_tol <= 5e-5 for n in tasks.names())
 
 
 def test_flops_of_conv_groupnorm_is_the_conv():
@@ -234,7 +233,7 @@ def test_load_reads_a_kernelbench_file(tmp_path):
     assert task.reference_src == path.read_text()
     assert task.source == str(path)
     assert "ReLU" in task.description
-    assert (task.device, task.rtol, task.atol, task.l2_tol) == ("cuda", 1e-4, 1e-4, 1e-5)
+    assert (task.device, task.rtol, task.atol, task.l2_tol) == ("cuda", 1e-4, 1e-4, 5e-5)
 
 
 def test_load_runs_the_file_only_in_another_process(tmp_path):
