@@ -247,7 +247,8 @@ class Evaluation(Timing):
                 s = it["spec"]
                 what = f"trial {it['index']} (inputs: {s['dist']}{', re-seeded and perturbed weights' if s['perturb'] else ''})"
                 hint = (" (each of the reference's 1-D parameters gets a perturbation, and so does its counterpart "
-                        "in ModelNew, found by name, else by shape in registration order)" if s["perturb"] else "")
+                        "in ModelNew, found by name, else by shape and values (the name sharing most words with the "
+                        "reference's first), else by shape in registration order)" if s["perturb"] else "")
                 return EvalResult("incorrect", message=f"incorrect on {what}: {r['reason']}{hint}", details=self.details)
         return None
 

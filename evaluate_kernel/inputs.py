@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import traceback
 from typing import Any
 
@@ -236,7 +237,9 @@ def _delta_indices(values: list) -> dict[int, int]:
 def _counterparts(params: dict, ref_params: list, ref_values: list | None = None) -> tuple[list, list[str]]:
     """For each (name, shape) of the reference, ModelNew's parameter by name, else by shape and the same
     values (ref_values: the reference's, in the same order), else by size and the same values in another
-    shape, else by shape and order."""
+    shape, else by shape and order. Where several fit a step, the one whose name shares the most words
+    with the reference's (a norm's ones as `gn_weight` rather than a scale of ModelNew's own, `res_scale`,
+    registered first), else the first registered."""
     import torch
     taken: set[str] = set()
     found: list = [None] * len(ref_params)
@@ -260,12 +263,17 @@ def _counterparts(params: dict, ref_params: list, ref_values: list | None = None
     for shaped, matches in ((same_shape, same_values), (same_size, same_values), (same_shape, lambda p, k: True)):
         for k, (name, shape) in enumerate(ref_params):
             if found[k] is None:
-                other = next((n for n, p in params.items()
-                              if n not in taken and shaped(p, shape) and matches(p, k)), None)
+                fits = [n for n, p in params.items() if n not in taken and shaped(p, shape) and matches(p, k)]
+                other = max(fits, key=lambda n: len(_words(n) & _words(name)), default=None)
                 if other is not None:
                     found[k] = params[other]
                     taken.add(other)
     return found, [f"{n} {tuple(s)}" for (n, s), p in zip(ref_params, found) if p is None]
+
+
+def _words(name: str) -> set[str]:
+    """A parameter name's words: group_norm.weight -> {group, norm, weight}."""
+    return {w for w in re.split(r"[._\d]+", name.lower()) if w}
 
 
 def _reference_values(ref_ns: dict, weight_seed: int) -> list:

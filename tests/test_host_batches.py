@@ -123,6 +123,28 @@ def _get_inputs(body: str) -> dict:
     return ns
 
 
+def test_a_reference_parameter_s_counterpart_is_found_by_name_then_values_then_shared_words_then_order():
+    """The perturbed-weights trial's mapping (inputs._counterparts): a name and shape in common first;
+    else the same values, and among several with them the one whose name shares the most words with the
+    reference's, else the first registered; else the same shape, in order."""
+    from evaluate_kernel.inputs import _counterparts
+    ones, zeros = torch.ones(4), torch.zeros(4)
+    p = lambda v: torch.nn.Parameter(v.clone())
+    ref = [("conv.bias", [4]), ("group_norm.weight", [4]), ("group_norm.bias", [4])]
+    values = [torch.arange(4.0), ones, zeros]
+    params = {"res_scale": p(ones), "conv.bias": p(torch.arange(4.0)), "gn_weight": p(ones), "gn_bias": p(zeros)}
+    found, missing = _counterparts(params, ref, values)
+    assert [f is params[n] for f, n in zip(found, ["conv.bias", "gn_weight", "gn_bias"])] == [True] * 3 and not missing
+    # No word in common: the first registered of those with the values, as before.
+    params = {"s": p(ones), "g": p(ones), "b": p(zeros), "conv.bias": p(torch.arange(4.0))}
+    found, _ = _counterparts(params, ref, values)
+    assert found[1] is params["s"] and found[2] is params["b"]
+    # Nothing with the values: by shape, in order; a reference parameter left over is reported.
+    params = {"x": p(torch.full((4,), 2.0)), "y": p(torch.full((4,), 3.0))}
+    found, missing = _counterparts(params, ref, values)
+    assert found[0] is params["x"] and found[1] is params["y"] and missing == ["group_norm.bias (4,)"]
+
+
 @pytest.mark.parametrize("body", [
     "return [torch.randn(4, 5) * 2]",                      # something done to the draw
     "return [torch.randint(0, 4, (4, 5))]",                # another function
