@@ -76,7 +76,7 @@ class Evaluator:
         if unknown:
             raise TypeError(f"unknown options: {sorted(unknown)}")
         self._t0 = time.monotonic()
-        self._start_s: dict[str, float] = {}   # start_s
+        self._start_s: dict[str, float] = {}   # see start_s
         self.reference_src, self.device, self.flops = reference_src, device, flops
         self.opts = Options(**options)
         if self.opts.allow_tf32:  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
