@@ -319,7 +319,7 @@ def pack(sets: list[list], capacity: int, mix: int | None = None) -> tuple[dict,
             continue
         for i, x in enumerate(col):   # a view with strides of its own: its storage span as it is, set by set
             if dists is not None and x.is_floating_point():
-                x = _strided_like(_transform(x, dists[i], gen), x)
+                x = _transformed_as_laid_out(x, dists[i], gen)
             span = x.detach().as_strided((_extent(x),), (1,), x.storage_offset()).contiguous().view(-1)
             start = i * set_bytes + item["offset"]
             block[start:start + item["nbytes"]] = span.view(torch.uint8).to(on)
@@ -358,6 +358,17 @@ def _mixed(whole, dists: list[str], gen):
             part = part * scale + offset
         whole.index_copy_(0, index, part)
     return whole
+
+
+def _transformed_as_laid_out(x, dist: str, gen):
+    """x through the distribution, with x's strides. Where x's elements share memory (an expanded input,
+    a stride of 0), the memory itself goes through it, element by element, so that elements sharing it
+    stay equal (a scale per index of the first dimension is then one per element of that memory)."""
+    import torch
+    if torch._debug_has_internal_overlap(x) == 0:
+        return _strided_like(_transform(x, dist, gen), x)
+    span = x.detach().as_strided((_extent(x),), (1,), x.storage_offset())
+    return _transform(span.clone(), dist, gen).as_strided(x.shape, x.stride(), 0)
 
 
 def _strided_like(y, x):

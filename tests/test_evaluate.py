@@ -79,6 +79,33 @@ def cpp_results(ev):
 
 
 # ------------------------------------------------------------------------------------------ happy paths
+EXPANDED_REF = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return x * y
+
+
+def get_inputs():
+    return [torch.randn(16, 1).expand(16, 64), torch.randn(16, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_task_whose_inputs_share_memory_is_evaluated(tmp_path):
+    """get_inputs() returning an expanded tensor: the reference worker raised while laying out the
+    timing's inputs, so no candidate of such a task could be evaluated."""
+    with ek.Evaluator(EXPANDED_REF, device="cpu", cache_dir=str(tmp_path), max_pairs=4, timing_s=1.0) as e:
+        r = e.evaluate(EXPANDED_REF.replace("class Model", "class ModelNew"))
+    assert r.status == "ok", r.message
+
+
 def test_correct_pytorch_candidate_is_ok_with_speedup_near_one(ev):
     r = ev.evaluate(HONEST)
     assert r.status == "ok", r.message

@@ -269,6 +269,32 @@ def test_each_timed_set_goes_through_the_distribution_its_seed_chose(n, seed, sh
         arena.close()
 
 
+@given(st.integers(min_value=1, max_value=20), st.integers(min_value=0, max_value=2**31 - 1))
+@settings(max_examples=25, deadline=None)
+def test_an_expanded_input_keeps_its_shared_memory_through_the_distributions(n, seed):
+    """An input whose elements share memory (get_inputs() returning x.expand(...): a stride of 0) is laid
+    out as drawn, and its memory goes through the set's distribution element by element: the elements
+    sharing it stay equal. Transformed as a logical tensor, it could not be written back into that layout
+    (the reference worker raised, and no candidate of such a task could be timed)."""
+    from evaluate_kernel.host_batches import _dists
+    g = torch.Generator().manual_seed(seed)
+    sets = [[torch.randn(4, 1, generator=g).expand(4, 6)] for _ in range(n)]
+    arena = Arena.create(1 << 20)
+    try:
+        layout, block = pack(sets, arena.size, mix=seed)
+        arena.write(block, layout["base"])
+        for dist, (x,), (y,) in zip(_dists(seed, n), sets, arena.views(layout)):
+            assert y.shape == x.shape and y.stride() == x.stride() == (1, 0)
+            memory, drawn = y[:, 0], x[:, 0]
+            want = {"own": drawn, "scaled": drawn * 3.0, "negated": -drawn, "zero_mean": drawn - drawn.mean()}
+            if dist in want:
+                assert torch.allclose(memory, want[dist], atol=1e-6)
+            else:
+                assert not torch.equal(memory, drawn)
+    finally:
+        arena.close()
+
+
 def test_a_batch_that_does_not_fit_the_file_is_refused():
     with pytest.raises(ValueError, match="do not fit"):
         pack([[torch.zeros(1000)] for _ in range(10)], 8 << 10)
