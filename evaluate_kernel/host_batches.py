@@ -299,20 +299,17 @@ def pack(sets: list[list], capacity: int, mix: int | None = None) -> tuple[dict,
         drawn = getattr(sets, "columns", None)   # inputs.DrawnSets: the column as drawn, every set alike
         if drawn is not None and drawn[j] is not None and drawn[j].device == on:
             whole = drawn[j]
-            if dists is not None and whole.is_floating_point():
-                whole = _mixed(whole, dists, gen)
-            rows[:, item["offset"]:item["offset"] + item["nbytes"]].copy_(whole.reshape(n, -1).view(torch.uint8))
-            continue
-        col = [xs[j] for xs in sets]
-        for x in col:
-            if not (isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") == item["dtype"]
-                    and x.shape == shape and x.stride() == stride):
-                raise ValueError("get_inputs() returns inputs of differing shapes, dtypes or strides from one call to "
-                                 "the next; the timing needs every call's inputs alike")
-        if not item["nbytes"]:
-            continue
-        if first[j].is_contiguous():   # the usual case: the column at once
-            whole = torch.stack([x.detach().to(on) for x in col])
+        else:
+            col = [xs[j] for xs in sets]
+            for x in col:
+                if not (isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") == item["dtype"]
+                        and x.shape == shape and x.stride() == stride):
+                    raise ValueError("get_inputs() returns inputs of differing shapes, dtypes or strides from one "
+                                     "call to the next; the timing needs every call's inputs alike")
+            if not item["nbytes"]:
+                continue
+            whole = torch.stack([x.detach().to(on) for x in col]) if first[j].is_contiguous() else None
+        if whole is not None:   # the usual case: the column at once
             if dists is not None and whole.is_floating_point():
                 whole = _mixed(whole, dists, gen)
             rows[:, item["offset"]:item["offset"] + item["nbytes"]].copy_(whole.reshape(n, -1).view(torch.uint8))
