@@ -87,10 +87,8 @@ Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
 Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
 import or in the constructor); parameters folded into constants at construction (the perturbed-weights
-trial); an output buffer reused across calls (every timed call's output is kept and may be checked); an
-output whose strides change from one timed call to the next (each batch's first call's layout is read for
-all of its calls: thirty-fourth red team, an honest candidate alternating row- and column-major outputs
-failed a timed call). Not measured: energy, memory footprint as a score, clock locking (the
+trial); an output buffer reused across calls (every timed call's output is kept and may be checked).
+Not measured: energy, memory footprint as a score, clock locking (the
 GPU runs at its own clocks; pairs cancel drift).
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), builds.py (builders, the build cache's

@@ -128,7 +128,8 @@ class HostBatches:
 
     def go(self, layout: dict) -> dict:
         """n calls on the layout's sets, every output held; where they lie (offsets into the region on a
-        GPU), packed: n x k 64-bit integers, base64 (readout.pointers_of), cheap to make inside the step.
+        GPU), packed: n x k 64-bit integers, base64 (readout.pointers_of), cheap to make inside the step;
+        the first call's dtypes, shapes and strides, and the strides of any call whose differ from those.
         The last batch's outputs are freed first, inside the step, on both sides alike: freeing runs the
         candidate's code (a finalizer, a __del__), which an untimed step of its own left free to prepare
         the next batch (thirteenth red team: pre-faulted 256 MB output buffers, 2.3-2.5x over the twin)."""
@@ -150,10 +151,16 @@ class HostBatches:
         base = self.base
         if all(type(o) is torch.Tensor for o in outs):   # the usual case, without a list per call
             packed = array.array("q", [o.data_ptr() - base for o in outs])
+            s0 = first[0].stride() if first else ()
+            odd = [i for i, o in enumerate(outs) if o.stride() != s0]
         else:
             packed = array.array("q", [t.data_ptr() - base for o in outs for t in _flat(o)])
+            s0 = [t.stride() for t in first]
+            odd = [i for i, o in enumerate(outs) if [t.stride() for t in _flat(o)] != s0]
         reply = {"packed": base64.b64encode(packed.tobytes()).decode(),
                  "geometry": [[str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride())] for t in first]}
+        if odd:   # an honest kernel may lay its outputs out differently from call to call
+            reply["strides"] = {str(i): [list(t.stride()) for t in _flat(outs[i])] for i in odd}
         if self.pool is not None:   # (GPU) the last thing before the answer: nothing of ours lies between the
             torch.cuda.synchronize()   # calls' end and the drain, which a call's work left running could use
         return reply
@@ -221,17 +228,17 @@ class HostInputs:
             results.append(result)
         return results
 
-    def check_regions(self, items: list[dict], geometry: list, ref_geometry: list, rtol: float, atol: float,
-                      l2_tol: float) -> list[dict]:
-        """(GPU) As check(), the outputs read here from both runners' regions, at the offsets the parent
-        checked (readout.claim) while both runners were stopped and the device idle."""
+    def check_regions(self, items: list[dict], rtol: float, atol: float, l2_tol: float) -> list[dict]:
+        """(GPU) As check(), the outputs read here from both runners' regions, at the offsets and in the
+        layouts the parent checked (readout.claim; each item's "cand" and "geometry", "ref" and
+        "ref_geometry") while both runners were stopped and the device idle."""
         import gc
         gc.collect(1)
         cand, ref = self.arenas["runner"], self.arenas["reference"]
         results = []
         for item in items:
-            got = [cand.read(off, g) for off, g in zip(item["cand"], geometry)]
-            want = [ref.read(off, g) for off, g in zip(item["ref"], ref_geometry)]
+            got = [cand.read(off, g) for off, g in zip(item["cand"], item["geometry"])]
+            want = [ref.read(off, g) for off, g in zip(item["ref"], item["ref_geometry"])]
             result = compare_outputs(got, want, rtol, atol, l2_tol)
             if result["ok"] and not self._inputs_intact(item["call"], *item["inputs"]):
                 result = {"ok": False, "reason": "the call changed its inputs (a timed call may not write into them)"}

@@ -19,8 +19,8 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | runner | <-  | error/rejected | where, error                             | import, forward or timing failed         |
 | runner | ->  | cmd=go (CPU,   | layout                                   | views over the input memory, n calls     |
 |        |     | GPU shared)    |                                          | (GPU: allocating in its region, a sync)  |
-| runner | <-  | done           | packed, geometry                         | where each call's outputs lie (GPU:      |
-|        |     |                |                                          | offsets into its region); the parent     |
+| runner | <-  | done           | packed, geometry, strides (calls laid    | where each call's outputs lie (GPU:      |
+|        |     |                | out otherwise than the first)            | offsets into its region); the parent     |
 |        |     |                |                                          | stops it, they are read (readout, ref)   |
 | runner | ->  | cmd=draw (GPU  | seed, n, batch                           | (the GPU's fallback, without shared      |
 |        |     | fallback)      |                                          | memory) n input sets for the next batch  |
@@ -49,7 +49,7 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | ref    | ->  | draw, go,      | as the runner's, draw also keep          | the reference's batch (kept: the calls   |
 |        |     | digest         |                                          | of the runner's batch to be checked)     |
 | ref    | ->  | cmd=check      | path, items, tolerances (GPU shared:     | outputs read (CPU), read here from both  |
-| ref    | <-  | checked        | geometry, ref_geometry; items' offsets)  | regions (GPU), or shipped and digested   |
+| ref    | <-  | checked        | in_regions; items' offsets, geometries)  | regions (GPU), or shipped and digested   |
 |        |     |                | results                                  | (GPU fallback), against the reference's  |
 | ref    | ->  | cmd=pin        | cpus (or null)                           | back to its own cores after a timing     |
 | ref    | <-  | pinned         |                                          |                                          |

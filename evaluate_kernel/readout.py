@@ -1,9 +1,9 @@
 """Parent side, on the CPU: the outputs of a batch's chosen calls, read from the stopped runner's memory.
 
 After its go() step (host_batches.py) the runner is stopped, and what it said is only a claim: for each
-call the addresses of its outputs, and the first call's dtypes, shapes and strides (every call alike).
-The claim must give every call memory of its own (no two calls' outputs overlap), shapes and dtypes as
-the reference's, and spans of sane size; then the chosen calls' bytes are read from /proc/PID/mem while
+call the addresses of its outputs, the first call's dtypes, shapes and strides, and the strides of any
+call whose outputs are laid out otherwise. The claim must give every call memory of its own (no two calls'
+outputs overlap), shapes and dtypes as the reference's, and spans of sane size; then the chosen calls' bytes are read from /proc/PID/mem while
 the runner stays stopped. What is read is what the memory held when the batch ended: an output computed
 later, lazily, elsewhere or never reads as whatever was there. The reference worker compares what was read
 with its own outputs for the same inputs (host_batches.HostBatches.check); this process never imports torch
@@ -32,10 +32,20 @@ MAX_BYTES = 4 << 30   # an output larger than this is not read (no honest task c
 class Claim:
     """A runner's go() reply, checked: per call, per output, (address, span in bytes)."""
 
-    def __init__(self, pointers: list[list[int]], geometry: list[list]):
+    def __init__(self, pointers: list[list[int]], geometry: list[list], strides: dict | None = None):
         self.pointers, self.geometry = pointers, geometry
+        self.strides: dict[int, list[list[int]]] = strides or {}   # call -> its outputs' strides, where not the first call's
         self.layout: dict = {}   # the layout of the batch's inputs (the evaluation sets it)
-        self.nbytes = [_extent(shape, stride) * DTYPE_SIZES[dtype] for dtype, shape, stride in geometry]
+        self.nbytes = _spans(geometry)
+
+    def geometry_of(self, call: int) -> list[list]:
+        """[dtype, shape, stride] of each of the call's outputs."""
+        strides = self.strides.get(call)
+        return self.geometry if strides is None else [[g[0], g[1], s] for g, s in zip(self.geometry, strides)]
+
+    def nbytes_of(self, call: int) -> list[int]:
+        """The storage span, in bytes, of each of the call's outputs."""
+        return self.nbytes if call not in self.strides else _spans(self.geometry_of(call))
 
 
 
@@ -54,8 +64,9 @@ def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = 
     lies inside it, aligned to its element. What is checked is what will be read, whatever the runner
     says its region's address is."""
     geometry = reply.get("geometry")
+    strides = _strides(reply.get("strides", {}), geometry, n) if isinstance(geometry, list) else None
     if not (isinstance(geometry, list) and len(geometry) == len(reference)
-            and all(_geometry_ok(g) for g in geometry)):
+            and all(_geometry_ok(g) for g in geometry)) or strides is None:
         return "the runner described its outputs in a form the evaluator cannot read"
     flat = _flat_pointers(reply, len(geometry))
     for k, (g, r) in enumerate(zip(geometry, reference)):
@@ -69,13 +80,13 @@ def claim(reply: dict, n: int, reference: list, inputs: list[tuple[int, int]] = 
                                                           and max(flat) < 1 << 57)):
         return "the runner sent output addresses for another number of calls or outputs than it made"
     pointers = [[a] for a in flat] if k == 1 else [list(flat[i:i + k]) for i in range(0, len(flat), k)]
-    c = Claim(pointers, geometry)
-    # One output a call (the usual case, thousands of calls a batch for a small kernel): checked on the
-    # sorted addresses at C speed; whatever that does not pass is looked at call by call, for the message.
-    if k == 1 and _one_output_ok(sorted(flat), c.nbytes[0], DTYPE_SIZES[geometry[0][0]], inputs,
-                                 0 in views, within):
+    c = Claim(pointers, geometry, strides)
+    # One output a call laid out alike (the usual case, thousands of calls a batch for a small kernel):
+    # checked on the sorted addresses at C speed; whatever that does not pass is looked at call by call.
+    if k == 1 and not strides and _one_output_ok(sorted(flat), c.nbytes[0], DTYPE_SIZES[geometry[0][0]],
+                                                 inputs, 0 in views, within):
         return c
-    return _problem(pointers, geometry, c.nbytes, inputs, views, within) or c
+    return _problem(pointers, geometry, c.nbytes_of, inputs, views, within) or c
 
 
 def _one_output_ok(addresses: list[int], nb: int, size: int, inputs, is_view: bool, within: int | None) -> bool:
@@ -97,15 +108,17 @@ def _one_output_ok(addresses: list[int], nb: int, size: int, inputs, is_view: bo
     return True
 
 
-def _problem(pointers: list[list[int]], geometry: list, nbytes: list[int], inputs, views, within) -> str | None:
-    """What is wrong with a claim's addresses, call by call; None if nothing."""
+def _problem(pointers: list[list[int]], geometry: list, nbytes_of, inputs, views, within) -> str | None:
+    """What is wrong with a claim's addresses, call by call; None if nothing. nbytes_of(call): the spans
+    of its outputs."""
     if within is not None:
         for i, p in enumerate(pointers):
-            for a, nb, g in zip(p, nbytes, geometry):
+            for a, nb, g in zip(p, nbytes_of(i), geometry):
                 if not (a % DTYPE_SIZES[g[0]] == 0 and a + max(nb, DTYPE_SIZES[g[0]]) <= within):
                     return (f"call {i} returned an output outside the memory the evaluator reads: allocate outputs "
                             "with torch (torch.empty, torch::empty, ...) in the calling thread, inside the call")
-    spans = sorted((a, a + nb, i, k) for i, p in enumerate(pointers) for k, (a, nb) in enumerate(zip(p, nbytes)) if nb)
+    spans = sorted((a, a + nb, i, k) for i, p in enumerate(pointers) for k, (a, nb) in enumerate(zip(p, nbytes_of(i)))
+                   if nb)
     end, owner = -1, -1   # the furthest end so far, and its call: a span of another call starting before it overlaps
     for a, e, i, _ in spans:
         if a < end and i != owner:
@@ -186,7 +199,7 @@ def write(path: str, mem: Memory, c: Claim, calls: list[int]) -> str | None:
     blobs = []
     for i in calls:
         rows = []
-        for (dtype, shape, stride), address, nbytes in zip(c.geometry, c.pointers[i], c.nbytes):
+        for (dtype, shape, stride), address, nbytes in zip(c.geometry_of(i), c.pointers[i], c.nbytes_of(i)):
             try:
                 data, stride = _read_output(mem, address, nbytes, DTYPE_SIZES[dtype], shape, stride)
             except OSError as e:
@@ -268,6 +281,26 @@ def _numel(shape: list[int]) -> int:
     for d in shape:
         count *= d
     return count
+
+
+def _strides(raw, geometry: list, n: int) -> dict[int, list[list[int]]] | None:
+    """A reply's "strides" ({call: [stride of each output]}, the calls laid out otherwise than the first)
+    as a dict by call; None if it is not that."""
+    if not isinstance(raw, dict) or len(raw) > n:
+        return None
+    out = {}
+    for key, strides in raw.items():
+        call = int(key) if isinstance(key, str) and key.isdigit() else -1
+        if not (0 < call < n and isinstance(strides, list) and len(strides) == len(geometry)
+                and all(isinstance(g, list) and len(g) == 3 and _geometry_ok([g[0], g[1], s])
+                        for g, s in zip(geometry, strides))):
+            return None
+        out[call] = [list(s) for s in strides]
+    return out
+
+
+def _spans(geometry: list) -> list[int]:
+    return [_extent(shape, stride) * DTYPE_SIZES[dtype] for dtype, shape, stride in geometry]
 
 
 def _geometry_ok(g) -> bool:

@@ -152,6 +152,8 @@ class Timing(Steps):
                     if gpu:
                         for it in items:
                             it["cand"], it["ref"] = values.pointers[it["call"]], self._ref_claim.pointers[it["ref_call"]]
+                            it["geometry"] = values.geometry_of(it["call"])
+                            it["ref_geometry"] = self._ref_claim.geometry_of(it["ref_call"])
                 else:
                     chosen = self._choose(min(c.n, n_next), n_next)   # the reference runs the first n_next
                     t = time.monotonic()
@@ -167,7 +169,7 @@ class Timing(Steps):
                     self._spent("reference batch", t, sum(getattr(refs[-1], p) for p in clock.PHASES))
                     items = [{"key": f"{i}:{j}", "digest": values[j]} for j in chosen]
                 t = time.monotonic()
-                bad = self._check(path, items, checks, values.geometry if host and gpu else None)
+                bad = self._check(path, items, checks, host and gpu)
                 if bad is not None:
                     return bad
                 self._spent("check", t)
@@ -287,16 +289,15 @@ class Timing(Steps):
         rest = sorted(set(range(n_cand)) - set(chosen))
         return sorted(set(chosen) | set(secrets.SystemRandom().sample(rest, max(0, n_ref - len(chosen)))))
 
-    def _check(self, path: str | None, items: list[dict], checks: list, geometry: list | None = None
+    def _check(self, path: str | None, items: list[dict], checks: list, in_regions: bool = False
                ) -> EvalResult | None:
         """The shipped (GPU, digests) or read (CPU) outputs against the reference's for the same calls (its
         last batch ran the same inputs), and against the digests the runner committed to (GPU) or the
-        inputs as written (CPU; a GPU with shared memory, where the reference worker reads both runners'
-        outputs itself, at the offsets of their checked claims: geometry). An empty or short check fails."""
+        inputs as written (CPU; a GPU with shared memory, in_regions, where the reference worker reads both
+        runners' outputs itself, at the offsets and in the layouts of their checked claims, which the
+        items carry). An empty or short check fails."""
         req = {"cmd": "check", "path": path, "ref_path": self._ref_path, "items": items,
-               "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol}
-        if geometry is not None:
-            req.update(geometry=geometry, ref_geometry=self._ref_geometry)
+               "rtol": self.ev.rtol, "atol": self.ev.atol, "l2_tol": self.ev.l2_tol, "in_regions": in_regions}
         reply = self.dev.ref_call(req)
         if path is not None:
             _remove(path)

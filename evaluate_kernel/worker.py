@@ -375,9 +375,9 @@ def _role_ref(job: dict, send, recv) -> None:
                 if r is not None:
                     r.close()
                 reply = {"kind": "ok"}
-            elif cmd == "check" and "geometry" in req:   # (GPU, shared memory) read here, from the regions
+            elif cmd == "check" and req.get("in_regions"):   # (GPU, shared memory) read here, from the regions
                 reply = {"kind": "checked", "results": batches.check_regions(
-                    req["items"], req["geometry"], req["ref_geometry"], req["rtol"], req["atol"], req["l2_tol"])}
+                    req["items"], req["rtol"], req["atol"], req["l2_tol"])}
             elif cmd == "check":
                 paths = [req["path"], req["ref_path"]] if isinstance(batches, HostInputs) else [req["path"]]
                 reply = {"kind": "checked", "results": batches.check(*paths, req["items"], req["rtol"],

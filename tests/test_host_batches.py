@@ -546,7 +546,7 @@ def test_a_claim_is_judged_alike_call_by_call_and_at_once(slots, elements, dtype
     if region is None:
         pointers = [[max(1, p[0])] for p in pointers]   # host addresses: never 0
     got = readout.claim(_reply(pointers, geometry), len(pointers), geometry, inputs, views, within=region)
-    want = readout._problem(pointers, geometry, [elements * size], inputs, views, region)
+    want = readout._problem(pointers, geometry, lambda call: [elements * size], inputs, views, region)
     assert (got if isinstance(got, str) else None) == want
 
 
@@ -713,3 +713,77 @@ def test_the_reference_runs_every_checked_set_and_as_many_as_its_batch_holds(n_c
     pick = Timing._pick(n_cand, n_ref, chosen)
     assert len(pick) == n_ref and pick == sorted(set(pick)) and set(chosen) <= set(pick)
     assert all(0 <= j < n_cand for j in pick)
+
+
+# ------------------------------------------------------------------------------------------ layouts per call
+def test_calls_laid_out_otherwise_than_the_first_are_described_and_read_as_laid_out(tmp_path):
+    """A model whose output is row-major at one call and column-major at the next: the reply names the
+    strides of the calls laid out otherwise (only those), the claim takes them, and each checked call is
+    read in its own layout, so the values compare equal to the reference's."""
+    ns: dict = {}
+    exec("import torch\ndef get_inputs():\n    return [torch.randn(6, 5)]", ns)
+    calls = {"k": 0}
+
+    def alternating(x):
+        calls["k"] += 1
+        y = x.softmax(-1)
+        return y if calls["k"] % 2 else torch.empty_strided((6, 5), (1, 6)).copy_(y)
+    arenas = {"runner": Arena.create(1 << 20), "reference": Arena.create(1 << 20)}
+    try:
+        inputs = HostInputs(ns, arenas)
+        cand = HostBatches(Fn(alternating), arenas["runner"], CALL)
+        ref = HostBatches(Fn(lambda x: x.softmax(-1)), arenas["reference"], CALL)
+        geometry = [["float32", [6, 5], [5, 1]]]
+        layout = inputs.fill(5, 6, "runner")
+        reply = cand.go(layout)
+        assert reply["geometry"] == geometry
+        assert reply["strides"] == {str(i): [[1, 6]] for i in (1, 3, 5)}
+        c = readout.claim(reply, 6, geometry)
+        assert isinstance(c, readout.Claim) and c.geometry_of(3) == [["float32", [6, 5], [1, 6]]]
+        assert c.geometry_of(2) == geometry and c.nbytes_of(3) == c.nbytes_of(2) == [120]
+        mem = readout.Memory(os.getpid())
+        assert readout.write(str(tmp_path / "c"), mem, c, [2, 3, 5]) is None
+        assert inputs.fill(5, 6, "reference") == layout
+        ref_reply = ref.go(layout)
+        assert "strides" not in ref_reply   # every call alike: nothing more in the reply
+        assert readout.write(str(tmp_path / "r"), mem, readout.claim(ref_reply, 6, geometry), [2, 3, 5]) is None
+        mem.close()
+        step = layout["set_bytes"]
+        items = [{"call": j, "ref_call": j, "inputs": [layout["base"] + j * step, step]} for j in (2, 3, 5)]
+        results = inputs.check(str(tmp_path / "c"), str(tmp_path / "r"), items, 1e-4, 1e-4, 5e-5)
+        assert [r["ok"] for r in results] == [True, True, True]
+    finally:
+        _release()
+
+
+@pytest.mark.parametrize("strides", [
+    {"0": [[1, 4]]},          # the first call's layout is the geometry's
+    {"3": [[1, 4]]},          # no such call
+    {"1": [[1, 4], [1]]},     # more outputs than described
+    {"1": [[1]]},             # a stride for another number of dimensions
+    {"1": [[-1, 4]]},         # not a stride
+    {"x": [[1, 4]]},          # not a call
+    [[1, 4]],                 # not a mapping
+    None,
+])
+def test_a_layout_per_call_in_another_form_is_refused(strides):
+    reply = dict(_reply([[4096], [4096 + 128], [4096 + 512]]), strides=strides)
+    problem = readout.claim(reply, 3, REF_GEOMETRY)
+    assert isinstance(problem, str) and "cannot read" in problem
+
+
+def test_a_call_is_checked_in_its_own_layout():
+    """Call 1's own strides (rows 64 elements apart) make its span reach call 2's memory: refused, where the
+    first call's layout would have passed it."""
+    reply = _reply([[4096], [4096 + 128], [4096 + 512]])
+    assert isinstance(readout.claim(reply, 3, REF_GEOMETRY), readout.Claim)
+    problem = readout.claim(dict(reply, strides={"1": [[64, 1]]}), 3, REF_GEOMETRY)
+    assert isinstance(problem, str) and "calls 1 and 2 returned outputs in the same memory" in problem
+
+
+def test_a_call_laid_out_past_the_region_is_refused():
+    """(GPU) A call whose own layout reaches past the region's end is refused, as the first call's would be."""
+    reply = dict(_reply([[0], [256]]), strides={"1": [[64, 1]]})
+    assert isinstance(readout.claim(dict(reply, strides={}), 2, REF_GEOMETRY, within=1024), readout.Claim)
+    problem = readout.claim(reply, 2, REF_GEOMETRY, within=1024)
+    assert isinstance(problem, str) and "outside the memory" in problem
