@@ -241,6 +241,7 @@ class Device:
         w.send(ev.job("run", mode="baseline", candidate_src=None, device=ev.torch_device(), trials=[spec],
                       build=ev.builds.config(), poison_bytes=ev.opts.poison_bytes, env=ev.builds.extension_env("baseline"),
                       cpus=ev.runner_cpus(self), on_device=ev.opts.inputs_on_device, no_processes=True,
+                      ref_names=self.info.get("ref_names"), ref_shapes=self.info.get("ref_shapes"),   # what it perturbs
                       work_dir=w.work_dir, arena={"fd": w.arena[0], "size": w.arena[1]} if w.arena else None,
                       region=self.region_job(w) if w.region else None))
         self._ref_runner_ready = False

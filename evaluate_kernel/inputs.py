@@ -185,13 +185,14 @@ def _transform(x, dist: str, gen):
 
 
 def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
-                 ref_params: list[tuple[str, list[int]]] | None = None):
-    """KernelBench order: seed, get_init_inputs(), seed, construct; optionally perturb small parameters.
-    Returns (model on device, the reference parameters that found no counterpart).
+                 ref_params: list[tuple[str, list[int]]] | None = None, own: list[str] = ()):
+    """KernelBench order: seed, get_init_inputs(), seed, construct; optionally perturb the parameters
+    perturbed_names() picks. Returns (model on device, the reference parameters that found no counterpart).
 
     Re-seeded weights plus perturbed biases and norm parameters stop shortcuts tuned to seed-42 weights or
-    to GroupNorm's weight=1, bias=0. The k-th of the reference's 1-D parameters (registration order) gets
-    the k-th delta, or the delta of the first one built with the same shape and values (_delta_indices). In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
+    to GroupNorm's weight=1, bias=0. The reference itself (ref_params None) perturbs its parameters named
+    in `own`; the k-th of them gets the k-th delta, or the delta of the first one built with the same shape
+    and values (_delta_indices). In ModelNew (ref_params: the reference's (name, shape) list) its counterpart is the
     parameter of the same name and shape, else the first not yet taken of the same shape and the same values
     (both models built from the same seed: a renamed conv bias, a norm's ones and zeros, whatever order
     ModelNew declares them in), else the first not yet taken of the same shape in registration order;
@@ -199,16 +200,14 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
     reference parameter with no counterpart is returned (the trial then cannot run as specified).
     """
     import torch
-    ref_values = _reference_values(ref_ns, weight_seed) if perturb and ref_params is not None else None
-    _set_seed(weight_seed)
-    init = ref_ns["get_init_inputs"]()
-    _set_seed(weight_seed)
-    with torch.no_grad():
-        model = cls(*init)
+    ref_values = _reference_values(ref_ns, weight_seed, [n for n, _ in ref_params]) \
+        if perturb and ref_params is not None else None
+    model = _construct(cls, ref_ns, weight_seed)
     missing: list[str] = []
     if perturb:
         if ref_params is None:
-            targets = [p for _, p in model.named_parameters() if p.dim() <= 1]
+            params = dict(model.named_parameters())
+            targets = [params[n] for n in own]
             ref_values = [p.detach().cpu().clone() for p in targets]
         else:
             targets, missing = _counterparts(dict(model.named_parameters()), ref_params, ref_values)
@@ -221,6 +220,33 @@ def _build_model(cls, ref_ns: dict, weight_seed: int, perturb: bool, device,
                 g = torch.Generator().manual_seed(seed)
                 p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.device, p.dtype) * 0.5)
     return model.to(device), missing
+
+
+def perturbed_names(ref_ns: dict, model) -> list[str]:
+    """The reference's parameters the perturbed-weights trial moves, in registration order: every one of
+    at most one dimension (biases, a norm's vectors), and every one whose values the seed does not choose
+    (built again from another seed, it is the same), whatever its shape: a LayerNorm over (C, H, W) holds
+    its ones and zeros in 3-D tensors, which a kernel that left them out (an affine step skipped) matched
+    in every trial while only 1-D parameters were moved (thirty-fifth red team: 1.19x over its twin on
+    the CPU). model: the reference as _construct built it."""
+    import torch
+    other = dict(_construct(ref_ns["Model"], ref_ns, 4242).named_parameters())
+    out = []
+    for name, p in model.named_parameters():
+        q = other.get(name)
+        if p.dim() <= 1 or (q is not None and q.shape == p.shape and torch.equal(q.detach().cpu(), p.detach().cpu())):
+            out.append(name)
+    return out
+
+
+def _construct(cls, ref_ns: dict, weight_seed: int):
+    """The model as KernelBench builds it: seed, get_init_inputs(), seed, construct (on the CPU)."""
+    import torch
+    _set_seed(weight_seed)
+    init = ref_ns["get_init_inputs"]()
+    _set_seed(weight_seed)
+    with torch.no_grad():
+        return cls(*init)
 
 
 def _delta_indices(values: list) -> dict[int, int]:
@@ -276,15 +302,10 @@ def _words(name: str) -> set[str]:
     return {w for w in re.split(r"[._\d]+", name.lower()) if w}
 
 
-def _reference_values(ref_ns: dict, weight_seed: int) -> list:
-    """The reference's 1-D parameters (registration order) as the same seed makes them, on the CPU."""
-    import torch
-    _set_seed(weight_seed)
-    init = ref_ns["get_init_inputs"]()
-    _set_seed(weight_seed)
-    with torch.no_grad():
-        ref = ref_ns["Model"](*init)
-    return [p.detach().cpu() for _, p in ref.named_parameters() if p.dim() <= 1]
+def _reference_values(ref_ns: dict, weight_seed: int, names: list[str]) -> list:
+    """The reference's named parameters, in that order, as the same seed makes them, on the CPU."""
+    params = dict(_construct(ref_ns["Model"], ref_ns, weight_seed).named_parameters())
+    return [params[n].detach().cpu() for n in names]
 
 
 def _inputs_unchanged(xs: list, pristine: list) -> bool:

@@ -24,7 +24,7 @@ from .namespace import show_cpus
 from . import vmm
 from .host_batches import Arena, GpuArena, HostBatches, HostInputs
 from .inputs import (_build_model, _check_outputs, _clone_inputs, _inputs_unchanged, _make_inputs, _poison,
-                     _setup_torch, _short_traceback, _sync)
+                     _setup_torch, _short_traceback, _sync, perturbed_names)
 from .protocol import LineReader, check_parent
 
 
@@ -196,12 +196,13 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     outputs, unmapped = [], []
     models: dict[tuple, Any] = {}
     ref_params = list(zip(job.get("ref_names") or [], job.get("ref_shapes") or []))
+    own = [n for n, _ in ref_params]   # (the baseline: the reference's own model) what it perturbs
     try:
         for k, spec in enumerate(job["trials"]):
             key = (spec["weight_seed"], spec["perturb"])
             if key not in models:
                 models[key], missing = _build_model(cls, ref_ns, spec["weight_seed"], spec["perturb"], device,
-                                                    ref_params if job["mode"] == "candidate" else None)
+                                                    ref_params if job["mode"] == "candidate" else None, own)
                 unmapped += missing
             model = models[key]
             xs = _make_inputs(ref_ns, spec, device)
@@ -232,7 +233,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     model = models[(timed["weight_seed"], bool(timed["perturb"]))]
     del models, outputs
     # The reference's own runner serves many evaluations, each with its weights; a candidate's has one set.
-    weigh = ((lambda seed, perturb: _build_model(cls, ref_ns, seed, perturb, device, None)[0])
+    weigh = ((lambda seed, perturb: _build_model(cls, ref_ns, seed, perturb, device, None, own)[0])
              if job["mode"] == "baseline" else None)
     try:
         if device.type == "cpu":
@@ -302,8 +303,9 @@ def _role_ref(job: dict, send, recv) -> None:
     _setup_torch(job, device)
     ref_ns = _exec_source(job["reference_src"], "<reference>")
     model = _build_model(ref_ns["Model"], ref_ns, 42, False, device, None)[0]
-    small = [(n, p) for n, p in model.named_parameters() if p.dim() <= 1]
-    names, shapes = [n for n, _ in small], [list(p.shape) for _, p in small]
+    names = perturbed_names(ref_ns, model)
+    params = dict(model.named_parameters())
+    shapes = [list(params[n].shape) for n in names]
     models: dict[tuple, Any] = {(42, False): model}
     prepared: dict[str, list] = {}
     xs = _make_inputs(ref_ns, {"seed": 0, "dist": "own", "on_device": job.get("on_device", True)}, device)
@@ -342,7 +344,7 @@ def _role_ref(job: dict, send, recv) -> None:
                     batches = HostInputs(ref_ns, arenas, device,
                                          job.get("on_device", True))
                 else:
-                    batches = Batches(_timing_model(ref_ns, models, device, req.get("weights")), ref_ns, device,
+                    batches = Batches(_timing_model(ref_ns, models, device, req.get("weights"), names), ref_ns, device,
                                       job.get("on_device", True))
                 reply = {"kind": "timing"}
             elif cmd == "fill":   # (CPU) the next batch's inputs, into the file of the runner named
@@ -392,7 +394,7 @@ def _role_ref(job: dict, send, recv) -> None:
                 prepared.clear()  # at most one evaluation's reference outputs are kept
                 held, cap, outs = 0, req.get("max_bytes", 1 << 31), None
                 for item in req["items"]:
-                    outs = _reference_outputs(item, ref_ns, models, device)
+                    outs = _reference_outputs(item, ref_ns, models, device, names)
                     held += sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor))
                     if held > cap:
                         break  # big outputs: the rest is computed at comparison time, one at a time
@@ -400,7 +402,7 @@ def _role_ref(job: dict, send, recv) -> None:
                 del outs
                 reply = {"kind": "prepared", "count": len(prepared)}
             else:
-                reply = _ref_compare(req, ref_ns, models, prepared, device)
+                reply = _ref_compare(req, ref_ns, models, prepared, device, names)
         except BaseException as e:  # noqa: BLE001
             reply = {"kind": "error", "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
         if device.type == "cuda":
@@ -500,13 +502,13 @@ def _close_arenas(arenas: dict) -> None:
     arenas.clear()
 
 
-def _timing_model(ref_ns: dict, models: dict, device, weights: dict | None):
+def _timing_model(ref_ns: dict, models: dict, device, weights: dict | None, names: list[str]):
     """The reference with the weights the runners' timed calls run on (the evaluation's: weights;
     the seed-42 ones without)."""
     key = (int(weights["weight_seed"]), bool(weights["perturb"])) if weights else (42, False)
     if key not in models:
         models.clear()  # keep at most one set of weights resident
-        models[key] = _build_model(ref_ns["Model"], ref_ns, key[0], key[1], device, None)[0]
+        models[key] = _build_model(ref_ns["Model"], ref_ns, key[0], key[1], device, None, names)[0]
     return models[key]
 
 
@@ -522,26 +524,26 @@ def _item_key(item: dict) -> str:
     return json.dumps([spec["seed"], spec["dist"], spec["weight_seed"], bool(spec["perturb"])])
 
 
-def _reference_outputs(item: dict, ref_ns: dict, models: dict, device) -> list:
+def _reference_outputs(item: dict, ref_ns: dict, models: dict, device, names: list[str]) -> list:
     import torch
     spec = item["spec"]
     key = (spec["weight_seed"], bool(spec["perturb"]))
     if key not in models:
         models.clear()  # keep at most one set of weights resident
-        models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], key[1], device, None)[0]
+        models[key] = _build_model(ref_ns["Model"], ref_ns, spec["weight_seed"], key[1], device, None, names)[0]
     xs = _make_inputs(ref_ns, spec, device)
     with torch.no_grad():
         return [r.detach() for r in _flat(models[key](*xs))]
 
 
-def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device) -> dict:
+def _ref_compare(req: dict, ref_ns: dict, models: dict, prepared: dict, device, names: list[str]) -> dict:
     """Compare the trials' saved outputs with the reference's, one trial at a time (a trial's outputs are
     read only once the reference's are known: their size bounds what is read)."""
     results = []
     for item in req["items"]:
         ref = prepared.pop(_item_key(item), None)
         if ref is None:
-            ref = _reference_outputs(item, ref_ns, models, device)
+            ref = _reference_outputs(item, ref_ns, models, device, names)
         key = str(item["index"])
         got = tensorfile.read(req["path"], [key], tensorfile.bound(ref)).get(key)
         if got is None:

@@ -282,6 +282,32 @@ def _gn(batch: int, in_ch: int, out_ch: int, size: int, groups: int) -> str:
             .replace("SIZE", str(size)).replace("GROUPS", str(groups)))
 
 
+LAYERNORM_SRC = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """LayerNorm over (C, H, W), as KernelBench level1 #40: its weight and bias are 3-D, ones and zeros
+    under every seed."""
+
+    def __init__(self, normalized_shape):
+        super().__init__()
+        self.ln = nn.LayerNorm(normalized_shape=normalized_shape)
+
+    def forward(self, x):
+        return self.ln(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8, 16, 16)]
+
+
+def get_init_inputs():
+    return [(8, 16, 16)]
+'''
+
+
 TWO_GN_SRC = '''
 import torch
 import torch.nn as nn
@@ -395,6 +421,7 @@ REFERENCES = {
     "flatten": FLATTEN_SRC,
     "transpose": TRANSPOSE_SRC,
     "reduce_dims": REDUCE_DIMS_SRC,
+    "layernorm": LAYERNORM_SRC,
 }
 
 

@@ -72,9 +72,7 @@ def cpp_results(ev):
     with ThreadPoolExecutor(3) as pool:
         futures = {k: pool.submit(ev.evaluate, s) for k, s in srcs.items()}
         out = {k: f.result() for k, f in futures.items()}
-    t0 = time.monotonic()
     out["again"] = ev.evaluate(HONEST_CPP)
-    out["again_wall"] = time.monotonic() - t0
     return out
 
 
@@ -140,8 +138,7 @@ def test_cpp_candidate_ok(cpp_results):
 def test_identical_source_not_rebuilt(cpp_results):
     r = cpp_results["again"]
     assert r.status == "ok", r.message
-    assert r.details["compile_s"] == 0.0 and r.details.get("build_cached")
-    assert cpp_results["again_wall"] < 15  # a run, not a 10-30 s build
+    assert r.details["compile_s"] == 0.0 and r.details.get("build_cached")   # its wall time: bench_eval
 
 
 def test_runner_loads_the_built_library_without_asking_ninja(ev, cpp_results):

@@ -145,6 +145,48 @@ def test_a_reference_parameter_s_counterpart_is_found_by_name_then_values_then_s
     assert found[0] is params["x"] and found[1] is params["y"] and missing == ["group_norm.bias (4,)"]
 
 
+def test_the_trial_perturbs_every_parameter_the_seed_does_not_choose_whatever_its_shape():
+    """inputs.perturbed_names: 1-D parameters (a seeded bias too), and parameters of any shape that a build
+    from another seed leaves as they were (a LayerNorm's 3-D ones and zeros, a constant matrix); never a
+    seeded weight of two or more dimensions. The reference and a candidate built with perturbation move
+    them alike, so the reference's output changes and a candidate that left the affine step out is caught."""
+    from evaluate_kernel.inputs import _build_model, _construct, perturbed_names
+    ns: dict = {}
+    exec(textwrap.dedent("""
+        import torch, torch.nn as nn
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(6, 4)
+                self.ln = nn.LayerNorm((2, 3, 4))
+                self.mix = nn.Parameter(torch.eye(4))
+            def forward(self, x):
+                return self.ln(self.lin(x).reshape(-1, 2, 3, 4) @ self.mix)
+        def get_init_inputs():
+            return []
+    """), ns)
+    names = perturbed_names(ns, _construct(ns["Model"], ns, 42))
+    assert names == ["mix", "lin.bias", "ln.weight", "ln.bias"]   # a module's own parameters come first
+    ref, _ = _build_model(ns["Model"], ns, 7, True, torch.device("cpu"), None, names)
+    plain, _ = _build_model(ns["Model"], ns, 7, False, torch.device("cpu"), None, names)
+    for n in names:
+        assert not torch.equal(dict(ref.named_parameters())[n], dict(plain.named_parameters())[n]), n
+    assert torch.equal(ref.lin.weight, plain.lin.weight)
+    # A candidate holding the same parameters under its own names takes the same deltas.
+    ref_params = [(n, list(dict(plain.named_parameters())[n].shape)) for n in names]
+    cls = type("ModelNew", (torch.nn.Module,), {})
+    def init(self):
+        torch.nn.Module.__init__(self)
+        self.a = torch.nn.Linear(6, 4)
+        self.w = torch.nn.Parameter(torch.ones(2, 3, 4))
+        self.b = torch.nn.Parameter(torch.zeros(2, 3, 4))
+        self.m = torch.nn.Parameter(torch.eye(4))
+    cls.__init__ = init
+    cand, missing = _build_model(cls, ns, 7, True, torch.device("cpu"), ref_params)
+    assert not missing and torch.equal(cand.w, ref.ln.weight) and torch.equal(cand.b, ref.ln.bias)
+    assert torch.equal(cand.m, ref.mix) and torch.equal(cand.a.bias, ref.lin.bias)
+
+
 @pytest.mark.parametrize("body", [
     "return [torch.randn(4, 5) * 2]",                      # something done to the draw
     "return [torch.randint(0, 4, (4, 5))]",                # another function
