@@ -87,7 +87,10 @@ Not supported: inputs that hold tensors
 inside a list, tuple or dict (refused with that reason when the reference is measured); torch.compile and
 Triton, which compile at the first call in a process that may not start a compiler (load_inline builds at
 import or in the constructor); parameters folded into constants at construction (the perturbed-weights
-trial); an output buffer reused across calls (every timed call's output is kept and may be checked).
+trial), or kept in another layout (permuted) or fused with another (a parameter of the reference's that is
+1-D or the same under every seed is perturbed element by element, and its counterpart must hold the same
+elements in the same order); an output buffer reused across calls (every timed call's output is kept and
+may be checked).
 Not measured: energy, memory footprint as a score, clock locking (the
 GPU runs at its own clocks; pairs cancel drift).
 

@@ -232,8 +232,8 @@ class Evaluation(Timing):
         if any(s["perturb"] for s in self.specs) and missing:
             return EvalResult("incorrect", message="the perturbed-weights trial cannot run: the reference's "
                               f"parameters {', '.join(missing[:6])} have no counterpart in ModelNew (by name, by "
-                              "shape and values, or by shape in registration order); keep the reference's parameters "
-                              "as nn.Parameters",
+                              "shape and values, or by shape in registration order); keep each of the reference's "
+                              "parameters as an nn.Parameter of its own, in its shape (or a reshape of it)",
                               details=self.details)
         items = [{"spec": s, "index": k} for k, s in enumerate(self.specs)]
         reply = self.dev.ref_call({"cmd": "compare", "path": path, "items": items,
@@ -246,9 +246,13 @@ class Evaluation(Timing):
             if not r["ok"]:
                 s = it["spec"]
                 what = f"trial {it['index']} (inputs: {s['dist']}{', re-seeded and perturbed weights' if s['perturb'] else ''})"
-                hint = (" (each of the reference's 1-D parameters gets a perturbation, and so does its counterpart "
-                        "in ModelNew, found by name, else by shape and values (the name sharing most words with the "
-                        "reference's first), else by shape in registration order)" if s["perturb"] else "")
+                relaid = [str(m)[:120] for m in msg.get("relaid") or []] if isinstance(msg.get("relaid"), list) else []
+                hint = (" (each of the reference's parameters that is 1-D or the same under every seed gets a "
+                        "perturbation, element by element, and so does its counterpart in ModelNew, found by name, else "
+                        "by shape and values (the name sharing most words with the reference's first), else by shape "
+                        "in registration order" + (f"; {', '.join(relaid[:4])} took the perturbation in its own "
+                        "element order: a parameter kept in another layout (permuted, channels-last) is not "
+                        "supported, keep the reference's" if relaid else "") + ")" if s["perturb"] else "")
                 return EvalResult("incorrect", message=f"incorrect on {what}: {r['reason']}{hint}", details=self.details)
         return None
 

@@ -15,7 +15,7 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | build  | <-  | built          | compile_s, has_model, calls, headers     | imported, constructed; libraries built   |
 | build  | <-  | compile_error  | error, compile_s                         | a load_inline call failed                |
 | any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
-| runner | <-  | outputs        | path, unmapped, marks, confined          | trial outputs saved to path              |
+| runner | <-  | outputs        | path, unmapped, relaid, marks, confined  | trial outputs saved to path              |
 | runner | <-  | error/rejected | where, error                             | import, forward or timing failed         |
 | runner | ->  | cmd=go (CPU,   | layout                                   | views over the input memory, n calls     |
 |        |     | GPU shared)    |                                          | (GPU: allocating in its region, a sync)  |

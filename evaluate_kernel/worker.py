@@ -193,7 +193,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
         send({"kind": "error", "where": "import", "error": _short_traceback(e)})
         return
     marks["candidate_loaded"] = time.time()
-    outputs, unmapped = [], []
+    outputs, unmapped, relaid = [], [], []
     models: dict[tuple, Any] = {}
     ref_params = list(zip(job.get("ref_names") or [], job.get("ref_shapes") or []))
     own = [n for n, _ in ref_params]   # (the baseline: the reference's own model) what it perturbs
@@ -202,7 +202,7 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
             key = (spec["weight_seed"], spec["perturb"])
             if key not in models:
                 models[key], missing = _build_model(cls, ref_ns, spec["weight_seed"], spec["perturb"], device,
-                                                    ref_params if job["mode"] == "candidate" else None, own)
+                                                    ref_params if job["mode"] == "candidate" else None, own, relaid)
                 unmapped += missing
             model = models[key]
             xs = _make_inputs(ref_ns, spec, device)
@@ -227,7 +227,8 @@ def _role_run(job: dict, state: dict, send, recv) -> None:
     path = os.path.join(job["work_dir"], "trials.bin")
     tensorfile.write(path, {str(k): ts for k, ts in enumerate(outputs)})
     marks["trials_done"] = time.time()
-    send({"kind": "outputs", "path": path, "unmapped": unmapped, "marks": marks, "confined": state.get("confined")})
+    send({"kind": "outputs", "path": path, "unmapped": unmapped, "relaid": sorted(set(relaid)), "marks": marks,
+          "confined": state.get("confined")})
     # The timed calls run on the weights the parent drew for this evaluation (built for a trial above).
     timed = job.get("timed_weights") or {"weight_seed": job["trials"][0]["weight_seed"], "perturb": False}
     model = models[(timed["weight_seed"], bool(timed["perturb"]))]

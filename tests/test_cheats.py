@@ -752,6 +752,38 @@ def test_honest_candidate_passes_cpu(spec: Spec, cpu_evaluators):
     assert result.speedup is not None and result.speedup > 0
 
 
+LAYERNORM_CHANNELS_LAST = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """A LayerNorm over (C, H, W) working on a channels-last view, its weight and bias kept as (H, W, C)."""
+
+    def __init__(self, normalized_shape):
+        super().__init__()
+        c, h, w = normalized_shape
+        self.gamma = nn.Parameter(torch.ones(h, w, c))
+        self.beta = nn.Parameter(torch.zeros(h, w, c))
+
+    def forward(self, x):
+        y = x.permute(0, 2, 3, 1)
+        mean = y.mean(dim=(1, 2, 3), keepdim=True)
+        var = y.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
+        return ((y - mean) * torch.rsqrt(var + 1e-5) * self.gamma + self.beta).permute(0, 3, 1, 2)
+'''
+
+
+def test_a_parameter_kept_in_another_layout_is_named_in_the_message(cpu_evaluators):
+    """Not supported, and said so: the trial perturbs a LayerNorm's 3-D ones element by element, and a
+    counterpart held permuted (channels-last) takes the deltas in its own order, which its values (ones)
+    cannot tell from a reshape. The message names the parameter and the layout rule."""
+    result = cpu_evaluators("layernorm").evaluate(LAYERNORM_CHANNELS_LAST)
+    assert result.status == "incorrect", _describe(result)
+    assert "ModelNew's gamma (16, 16, 8) for the reference's ln.weight (8, 16, 16)" in result.message
+    assert "another layout (permuted, channels-last) is not supported" in result.message
+
+
 def test_honest_fast_kernel_is_really_faster(cpu_evaluators):
     """A legitimately much faster kernel must be reported faster (flagged at most), not clamped or rejected.
 

@@ -182,8 +182,10 @@ def test_the_trial_perturbs_every_parameter_the_seed_does_not_choose_whatever_it
         self.b = torch.nn.Parameter(torch.zeros(2, 3, 4))
         self.m = torch.nn.Parameter(torch.eye(4))
     cls.__init__ = init
-    cand, missing = _build_model(cls, ns, 7, True, torch.device("cpu"), ref_params)
+    relaid: list = []
+    cand, missing = _build_model(cls, ns, 7, True, torch.device("cpu"), ref_params, relaid=relaid)
     assert not missing and torch.equal(cand.w, ref.ln.weight) and torch.equal(cand.b, ref.ln.bias)
+    assert relaid == []   # every counterpart in the reference's shape: nothing for the message
     assert torch.equal(cand.m, ref.mix) and torch.equal(cand.a.bias, ref.lin.bias)
 
 
