@@ -3,8 +3,8 @@
 After its go() step (host_batches.py) the runner is stopped, and what it said is only a claim: for each
 call the addresses of its outputs, the first call's dtypes, shapes and strides, and the strides of any
 call whose outputs are laid out otherwise. The claim must give every call memory of its own (no two calls'
-outputs overlap), shapes and dtypes as the reference's, and spans of sane size; then the chosen calls' bytes are read from /proc/PID/mem while
-the runner stays stopped. What is read is what the memory held when the batch ended: an output computed
+outputs overlap), shapes and dtypes as the reference's, and spans of sane size; then the chosen calls'
+bytes are read from /proc/PID/mem while the runner stays stopped. What is read is what the memory held when the batch ended: an output computed
 later, lazily, elsewhere or never reads as whatever was there. The reference worker compares what was read
 with its own outputs for the same inputs (host_batches.HostBatches.check); this process never imports torch
 for it.
@@ -290,7 +290,7 @@ def _strides(raw, geometry: list, n: int) -> dict[int, list[list[int]]] | None:
         return None
     out = {}
     for key, strides in raw.items():
-        call = int(key) if isinstance(key, str) and key.isdigit() else -1
+        call = int(key) if isinstance(key, str) and len(key) <= 12 and key.isdecimal() else -1   # not "²"
         if not (0 < call < n and isinstance(strides, list) and len(strides) == len(geometry)
                 and all(isinstance(g, list) and len(g) == 3 and _geometry_ok([g[0], g[1], s])
                         for g, s in zip(geometry, strides))):

@@ -807,6 +807,8 @@ def test_calls_laid_out_otherwise_than_the_first_are_described_and_read_as_laid_
     {"1": [[1]]},             # a stride for another number of dimensions
     {"1": [[-1, 4]]},         # not a stride
     {"x": [[1, 4]]},          # not a call
+    {"²": [[1, 4]]},          # a digit int() does not read
+    {"9" * 5000: [[1, 4]]},   # longer than int() reads
     [[1, 4]],                 # not a mapping
     None,
 ])
