@@ -76,7 +76,7 @@ switch to the prober's context): one candidate leaving its last call's work runn
 its twin on conv_groupnorm, only its last kernel 1.002-1.005x (1.048x and 1.02x before the drain started
 on the runner's answer and looked again after a pause); those kept in tests/cheats lose (0.85-0.96x).
 A batch's outputs are held until the next batch's step, so memory recycled by the candidate's own
-allocator after that (torch's allocation and free saved, about 3 us a call) counts as its speed: a ring
+allocator after that (torch's allocation and free saved) counts as its speed: a ring
 of output buffers kept across batches read 1.02-1.07x against its twin's 0.77-0.89x on softmax@v0
 (thirty-sixth red team; DESIGN.md says why this stays).
 Outputs of calls not chosen for checking are bound only by their digests or the stopped memory, so a
