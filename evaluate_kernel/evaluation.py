@@ -225,7 +225,7 @@ class Evaluation(Timing):
                                                            "items": items})
 
     def _check_trials(self, msg: dict) -> EvalResult | None:
-        missing = [str(m)[:100] for m in msg.get("unmapped") or []] if isinstance(msg.get("unmapped"), list) else []
+        missing = _strings(msg, "unmapped", 100)
         path = os.path.join(self.job["work_dir"], "trials.bin")   # where the runner was to write them, no other
         if msg.get("path") != path:
             return _forged(self.details, "the runner's trial outputs came without their file")
@@ -246,13 +246,7 @@ class Evaluation(Timing):
             if not r["ok"]:
                 s = it["spec"]
                 what = f"trial {it['index']} (inputs: {s['dist']}{', re-seeded and perturbed weights' if s['perturb'] else ''})"
-                relaid = [str(m)[:120] for m in msg.get("relaid") or []] if isinstance(msg.get("relaid"), list) else []
-                hint = (" (each of the reference's parameters that is 1-D or the same under every seed gets a "
-                        "perturbation, element by element, and so does its counterpart in ModelNew, found by name, else "
-                        "by shape and values (the name sharing most words with the reference's first), else by shape "
-                        "in registration order" + (f"; {', '.join(relaid[:4])} took the perturbation in its own "
-                        "element order: a parameter kept in another layout (permuted, channels-last) is not "
-                        "supported, keep the reference's" if relaid else "") + ")" if s["perturb"] else "")
+                hint = _perturbed_hint(_strings(msg, "relaid", 120)) if s["perturb"] else ""
                 return EvalResult("incorrect", message=f"incorrect on {what}: {r['reason']}{hint}", details=self.details)
         return None
 
@@ -319,3 +313,19 @@ def _own_spec(opts) -> dict:
 def work_dir(w, cache_dir: str) -> str:
     """A runner's work directory: in its home (a worker started by exec outside warm has none: the cache)."""
     return tempfile.mkdtemp(prefix="work-", dir=w.home or cache_dir)
+
+
+def _strings(msg: dict, key: str, width: int) -> list[str]:
+    """A runner's list of notes (parameters unmapped or relaid), each cut to width; [] if not a list."""
+    value = msg.get(key)
+    return [str(m)[:width] for m in value] if isinstance(value, list) else []
+
+
+def _perturbed_hint(relaid: list[str]) -> str:
+    """What a failed perturbed-weights trial did, and which counterparts took its deltas in another shape."""
+    layout = (f"; {', '.join(relaid[:4])} took the perturbation in its own element order: a parameter kept in "
+              "another layout (permuted, channels-last) is not supported, keep the reference's") if relaid else ""
+    return (" (each of the reference's parameters that is 1-D or the same under every seed gets a perturbation, "
+            "element by element, and so does its counterpart in ModelNew, found by name, else by shape and values "
+            "(the name sharing most words with the reference's first), else by shape in registration order"
+            f"{layout})")
