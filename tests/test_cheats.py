@@ -16,7 +16,8 @@ way (tests/cheats/README.md has the catalogue). Its module docstring carries mac
 
 "no-profit" means the cheat gains nothing over its honest twin, measured beside it in the same Evaluator
 (or fails): its speedup is at most the twin's times 1 + PROFIT_TOLERANCE (the run-to-run noise of a
-speedup on the device), or its 95% interval reaches down into the twin's. "honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
+speedup on the device), or its 95% interval reaches down into the twin's; an apparent gain is measured
+twice more, each a fresh evaluation of both, and judged on the medians of three. "honest-timing" means neutralised: "rejected" or "incorrect", or "ok" with a runtime no better than a
 fraction of the honest computation's cost (the reference itself, which the cheat secretly performs: our own
 measurement or the evaluator's baseline, whichever is smaller). Files in tests/honest/ must come back "ok". Files ending in _cuda.py are GPU-only.
 
@@ -48,7 +49,8 @@ FORGED_RUNTIME_MS = 0.0001
 # An honest-timing cheat "wins" if it looks this much faster than the work it secretly does.
 HONEST_FRACTION = 0.3
 # A no-profit cheat "wins" if it reads this much faster than its twin (the speedup's noise on the device:
-# a loaded 2-core CPU moves a paired speedup by up to ~10%, a GPU by well under 1%).
+# on a 2-core VM a runner process's own speed moves a paired speedup by about 4% (sd), up to 12% in one of
+# twenty processes; a GPU by well under 1%).
 PROFIT_TOLERANCE = {"cpu": 0.15, "cuda": 0.03}
 
 # ---------------------------------------------------------------------------------------------------------
@@ -600,21 +602,44 @@ def _contains_any(text: str, keywords: tuple[str, ...]) -> bool:
     return any(k.lower() in text.lower() for k in keywords)
 
 
-def check_cheat(spec: Spec, result, honest: float | None, twin=None, device: str = "cpu") -> None:
+
+def _gains(result, twin, device: str) -> bool:
+    """A gain: a speedup beyond the tolerance whose interval also clears the twin's (a loaded machine moves
+    single figures by more than a real 15% gain, rarely both intervals apart)."""
+    limit = twin.speedup * (1 + PROFIT_TOLERANCE[device])
+    (c_low, _), (_, t_high) = result.details["speedup_ci"], twin.details["speedup_ci"]
+    print(f"  twin {twin.speedup:.4f}x (up to {t_high:.4f}), cheat {result.speedup:.4f}x (from {c_low:.4f}); "
+          f"limit {limit:.4f}x")
+    return result.speedup > limit and c_low > t_high
+
+
+def check_cheat(spec: Spec, result, honest: float | None, twin=None, device: str = "cpu", again=None) -> None:
+    """again: () -> (the cheat's result, the twin's), each from a fresh evaluation; called when the first
+    pair reads as a gain."""
     info = f"{spec.path.name}: {_describe(result)}"
     print(f"\nOBSERVED {spec.path.name}: {result.status} (runtime_ms={result.runtime_ms}): {result.message[:110]}")
     assert result.status in STATUSES, info
     if "no-profit" in spec.expect:
         if result.status == "ok":
             assert twin is not None and twin.status == "ok", f"{info}\n  twin: {twin and _describe(twin)}"
-            limit = twin.speedup * (1 + PROFIT_TOLERANCE[device])
-            (c_low, _), (_, t_high) = result.details["speedup_ci"], twin.details["speedup_ci"]
-            print(f"  twin {twin.speedup:.4f}x (up to {t_high:.4f}), cheat {result.speedup:.4f}x (from {c_low:.4f}); "
-                  f"limit {limit:.4f}x")
-            # A gain is a speedup beyond the tolerance whose interval also clears the twin's: a loaded
-            # machine moves single figures by more than a real 15% gain, rarely both intervals apart.
-            assert result.speedup <= limit or c_low <= t_high, \
-                f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x, up to {t_high:.4f})"
+            gain = _gains(result, twin, device)
+            if gain and again is None:
+                raise AssertionError(f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x)")
+            if gain:
+                # A speedup's interval covers the noise within one evaluation, not the runner process's
+                # own speed, which moves from process to process by about 4% (sd) on a 2-core VM: one
+                # lucky process read 15% over its twin. A real gain shows in the medians of three
+                # evaluations of each, every one in a fresh process.
+                cheats, twins = [result.speedup], [twin.speedup]
+                for _ in range(2):
+                    c, t = again()
+                    assert t.status == "ok", f"{info}\n  twin: {_describe(t)}"
+                    cheats.append(c.speedup if c.status == "ok" else 0.0)
+                    twins.append(t.speedup)
+                c_med, t_med = sorted(cheats)[1], sorted(twins)[1]
+                print(f"  again: cheat {cheats}, twin {twins}")
+                assert c_med <= t_med * (1 + PROFIT_TOLERANCE[device]), \
+                    f"{info}\n  the cheat gains over its twin: medians {c_med:.4f}x and {t_med:.4f}x of three"
         else:
             assert result.status in {"rejected", "incorrect", "runtime_error"}, info
     elif "honest-timing" in spec.expect:
@@ -657,6 +682,30 @@ def forged_files_cleanup():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Tests: the profit judgement itself, on made-up results (no evaluator needed).
+
+def _fake(speedup: float, half_width: float = 0.015, status: str = "ok"):
+    from types import SimpleNamespace
+    return SimpleNamespace(status=status, correct=status == "ok", runtime_ms=1.0 / speedup if speedup else None, baseline_ms=1.0,
+                           speedup=speedup, message=status,
+                           details={"speedup_ci": [speedup * (1 - half_width), speedup * (1 + half_width)]})
+
+
+def test_a_lucky_process_is_measured_again_and_a_real_gain_stays_a_gain():
+    spec = Spec(path=CHEATS / "raise_priority.py", reference="gn", expect=frozenset({"no-profit"}), twin="gn_twin.py")
+    lucky = iter([(_fake(1.00), _fake(0.99)), (_fake(0.97), _fake(1.01))])
+    check_cheat(spec, _fake(1.10), None, _fake(0.956), "cpu", again=lambda: next(lucky))   # the CI failure's figures
+    steady = iter([(_fake(1.30), _fake(1.00)), (_fake(1.28), _fake(0.98))])
+    with pytest.raises(AssertionError, match="medians"):
+        check_cheat(spec, _fake(1.31), None, _fake(0.99), "cpu", again=lambda: next(steady))
+    with pytest.raises(AssertionError, match="gains over its twin"):
+        check_cheat(spec, _fake(1.31), None, _fake(0.99), "cpu")
+    rejected_later = iter([(_fake(0.0, status="rejected"), _fake(1.0)), (_fake(1.02), _fake(1.0))])
+    check_cheat(spec, _fake(1.31), None, _fake(0.99), "cpu", again=lambda: next(rejected_later))
+    check_cheat(spec, _fake(1.31), None, _fake(1.20), "cpu", again=lambda: pytest.fail("no gain: not measured again"))
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Tests: the contract of the candidate files themselves (no evaluator needed).
 
 @pytest.mark.parametrize("spec", [pytest.param(s, id=s.path.stem) for s in CHEAT_SPECS + HONEST_SPECS])
@@ -696,6 +745,14 @@ def naive_results():
     return results, proc.stderr[-2000:]
 
 
+def _again(evaluator, spec: Spec):
+    """The cheat and its twin evaluated once more, the twin first."""
+    if not spec.twin:
+        return None
+    twin_src = (HONEST / spec.twin).read_text()
+    return lambda: tuple(reversed([evaluator.evaluate(twin_src), evaluator.evaluate(spec.source)]))
+
+
 @pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cpu", lambda s: bool(s.naive)))
 def test_cheat_fools_a_naive_harness(spec: Spec, naive_results):
     results, stderr = naive_results
@@ -730,7 +787,7 @@ def test_cheat_is_caught_cpu(spec: Spec, cpu_evaluators, honest_ms, twins, forge
     result = evaluator.evaluate(spec.source)
     honest = honest_ms(spec.reference, "cpu") if "honest-timing" in spec.expect else None
     twin = twins(evaluator, "cpu", spec.reference, spec.twin) if spec.twin else None
-    check_cheat(spec, result, honest, twin, "cpu")
+    check_cheat(spec, result, honest, twin, "cpu", again=_again(evaluator, spec))
     for p in forged_files_cleanup:
         if p.exists():
             assert "4242" not in p.read_text(errors="replace") or p.parent != REPO, \
@@ -834,7 +891,7 @@ def test_cheat_is_caught_gpu(spec: Spec, gpu_evaluators, honest_ms, twins):
     result = evaluator.evaluate(spec.source)
     honest = honest_ms(spec.reference, "cuda") if "honest-timing" in spec.expect else None
     twin = twins(evaluator, "cuda", spec.reference, spec.twin) if spec.twin else None
-    check_cheat(spec, result, honest, twin, "cuda")
+    check_cheat(spec, result, honest, twin, "cuda", again=_again(evaluator, spec))
 
 
 @pytest.mark.gpu
