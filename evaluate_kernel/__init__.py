@@ -96,7 +96,8 @@ trial), or kept in another layout (permuted) or fused with another (a parameter 
 elements in the same order); an output buffer reused across calls (every timed call's output is kept and
 may be checked).
 Not measured: energy, memory footprint as a score, clock locking (the
-GPU runs at its own clocks; pairs cancel drift).
+GPU runs at its own clocks; pairs cancel drift). On a shared CPU the interval is one evaluation's noise:
+evaluations of one candidate spread more (sd about 3% on a 2-core VM; DESIGN.md, "Costs and limits").
 
 Files, by role. Parent side: evaluator.py (Evaluator, evaluate), builds.py (builders, the build cache's
 trust, torch's header), evaluation.py (one evaluation: the conversation with a runner), timing.py (its timing, batch by batch), steps.py (one batch: the runner let go for a step and stopped again), drains.py (the GPU drained before and after each batch, and what that charges), verdict.py (what was measured, as
