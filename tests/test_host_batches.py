@@ -339,6 +339,40 @@ def test_an_expanded_input_keeps_its_shared_memory_through_the_distributions(n, 
         arena.close()
 
 
+@given(st.integers(min_value=1, max_value=30), st.integers(min_value=0, max_value=2**31 - 1),
+       st.sampled_from([(), (5,), (3, 4), (2, 3, 4)]))
+@settings(max_examples=30, deadline=None)
+def test_the_cpu_s_sets_mixed_where_they_lie_are_the_column_s_bytes(n, seed, shape):
+    """On the CPU each set is copied into its place and mixed there (host_batches._mixed_in_place); the
+    same sets stacked a column at once and mixed as a whole (the GPU's way) give the same bytes."""
+    from evaluate_kernel.inputs import DrawnSets
+    g = torch.Generator().manual_seed(seed)
+    sets = [[torch.randn(shape, generator=g), torch.randint(0, 9, (3,), generator=g), 2.5] for _ in range(n)]
+    in_place = pack([list(xs) for xs in sets], 1 << 22, mix=seed)
+    columns = DrawnSets([list(xs) for xs in sets], [torch.stack([xs[0] for xs in sets]),
+                                                    torch.stack([xs[1] for xs in sets]), None])
+    at_once = pack(columns, 1 << 22, mix=seed)
+    assert {k: v for k, v in in_place[0].items() if k != "base"} == {k: v for k, v in at_once[0].items() if k != "base"}
+    step = in_place[0]["set_bytes"]
+    a, b = in_place[1].view(n, step), at_once[1].view(n, step)
+    floats = in_place[0]["items"][0]
+    width = max(4, 4 * int(torch.Size(floats["shape"]).numel()))
+    assert torch.allclose(a[:, :width].contiguous().view(torch.float32), b[:, :width].contiguous().view(torch.float32),
+                          atol=1e-6)
+    assert torch.equal(a[:, width:], b[:, width:])   # the integers, and every byte no input covers
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(sets, columns))   # the drawn sets are left as drawn
+
+
+def test_the_bytes_no_input_covers_are_zeroed():
+    from evaluate_kernel.host_batches import _zero_gaps
+    rows = torch.full((3, 256), 255, dtype=torch.uint8)
+    _zero_gaps(rows, [{"dtype": "float32", "offset": 64, "nbytes": 20}, {"value": 1},
+                      {"dtype": "int8", "offset": 128, "nbytes": 64}, {"dtype": "int8", "offset": 192, "nbytes": 0}], 256)
+    covered = torch.zeros(256, dtype=torch.bool)
+    covered[64:84] = covered[128:192] = True
+    assert bool((rows[:, covered] == 255).all()) and bool((rows[:, ~covered] == 0).all())
+
+
 def test_a_batch_that_does_not_fit_the_file_is_refused():
     with pytest.raises(ValueError, match="do not fit"):
         pack([[torch.zeros(1000)] for _ in range(10)], 8 << 10)
