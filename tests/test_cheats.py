@@ -49,8 +49,8 @@ FORGED_RUNTIME_MS = 0.0001
 # An honest-timing cheat "wins" if it looks this much faster than the work it secretly does.
 HONEST_FRACTION = 0.3
 # A no-profit cheat "wins" if it reads this much faster than its twin (the speedup's noise on the device:
-# on a 2-core VM a runner process's own speed moves a paired speedup by about 4% (sd), up to 12% in one of
-# twenty processes; a GPU by well under 1%).
+# on a 2-core VM evaluations of one candidate spread by about 3% (sd), 0.998-1.125x over twenty; a GPU by
+# well under 1%).
 PROFIT_TOLERANCE = {"cpu": 0.15, "cuda": 0.03}
 
 # ---------------------------------------------------------------------------------------------------------
@@ -602,7 +602,6 @@ def _contains_any(text: str, keywords: tuple[str, ...]) -> bool:
     return any(k.lower() in text.lower() for k in keywords)
 
 
-
 def _gains(result, twin, device: str) -> bool:
     """A gain: a speedup beyond the tolerance whose interval also clears the twin's (a loaded machine moves
     single figures by more than a real 15% gain, rarely both intervals apart)."""
@@ -622,12 +621,11 @@ def check_cheat(spec: Spec, result, honest: float | None, twin=None, device: str
     if "no-profit" in spec.expect:
         if result.status == "ok":
             assert twin is not None and twin.status == "ok", f"{info}\n  twin: {twin and _describe(twin)}"
-            gain = _gains(result, twin, device)
-            if gain and again is None:
-                raise AssertionError(f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x)")
-            if gain:
-                # A speedup's interval covers the noise within one evaluation, not the runner process's
-                # own speed, which moves from process to process by about 4% (sd) on a 2-core VM: one
+            if _gains(result, twin, device):
+                if again is None:
+                    raise AssertionError(f"{info}\n  the cheat gains over its twin ({twin.speedup:.4f}x)")
+                # A speedup's interval covers the noise within one evaluation, not the spread between
+                # evaluations (about 3% sd on a 2-core VM, part of it the runner process's own speed): one
                 # lucky process read 15% over its twin. A real gain shows in the medians of three
                 # evaluations of each, every one in a fresh process.
                 cheats, twins = [result.speedup], [twin.speedup]
@@ -686,8 +684,8 @@ def forged_files_cleanup():
 
 def _fake(speedup: float, half_width: float = 0.015, status: str = "ok"):
     from types import SimpleNamespace
-    return SimpleNamespace(status=status, correct=status == "ok", runtime_ms=1.0 / speedup if speedup else None, baseline_ms=1.0,
-                           speedup=speedup, message=status,
+    return SimpleNamespace(status=status, correct=status == "ok", runtime_ms=1.0 / speedup if speedup else None,
+                           baseline_ms=1.0, speedup=speedup, message=status,
                            details={"speedup_ci": [speedup * (1 - half_width), speedup * (1 + half_width)]})
 
 
@@ -750,7 +748,12 @@ def _again(evaluator, spec: Spec):
     if not spec.twin:
         return None
     twin_src = (HONEST / spec.twin).read_text()
-    return lambda: tuple(reversed([evaluator.evaluate(twin_src), evaluator.evaluate(spec.source)]))
+
+    def both():
+        twin = evaluator.evaluate(twin_src)
+        return evaluator.evaluate(spec.source), twin
+
+    return both
 
 
 @pytest.mark.parametrize("spec", _params(CHEAT_SPECS, "cpu", lambda s: bool(s.naive)))
