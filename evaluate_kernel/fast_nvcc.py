@@ -11,8 +11,9 @@ the build. They depend on each other only through the module id file, so this pr
 itself and runs the two chains at once: the build costs max(host, device) + final instead of the sum.
 The commands are nvcc's own, taken from ``nvcc --dryrun`` with the same arguments, so flags, include
 paths and tool versions are exactly nvcc's. A dependency file asked for with the compile (``-MD -MF f``,
-which torch's build.ninja always asks for) is written by a third, preprocess-only nvcc run beside the two
-chains. Anything this program does not recognise (device linking, other dependency options, several
+which torch's build.ninja always asks for) is listed by the two preprocessing steps as they run, and
+merged as nvcc merges them (else a third, preprocess-only nvcc run writes it, beside the two chains).
+Anything this program does not recognise (device linking, other dependency options, several
 files, a missing tool) goes to the real nvcc unchanged.
 
 Errors read as nvcc's would: if the host chain fails, its output is what is shown (nvcc stops there too);
@@ -175,6 +176,36 @@ def split_dependencies(args: list[str]) -> tuple[list[str], list[str] | None]:
     return rest, deps
 
 
+def _listing_dependencies(plan: Plan, dep_args: list[str], scratch: str) -> list[str] | None:
+    """Ask the host's and the device's preprocessing (gcc -E, the first step of each chain) to list the
+    files they read (-MD, or -MMD for -MM); returns the lists' paths, device first, or None when the plan
+    is not that shape. nvcc -M runs the same two preprocessings and merges their lists in that order, so
+    the merged file is nvcc's own, byte for byte (tested against the real nvcc), without running them twice."""
+    mode, target = dep_args[0], dep_args[2]
+    steps = [plan.host[0] if plan.host else "", *[c for c in plan.device if "-E" in shlex.split(c)]]
+    if len(steps) != 2 or "-E" not in shlex.split(steps[0]) or plan.device[0] != steps[1]:
+        return None
+    flag = "-MD" if mode == "-M" else "-MMD"
+    lists = [os.path.join(scratch, "device.d"), os.path.join(scratch, "host.d")]
+    plan.device[0] += f" {flag} -MF {shlex.quote(lists[0])} -MT {shlex.quote(target)}"
+    plan.host[0] += f" {flag} -MF {shlex.quote(lists[1])} -MT {shlex.quote(target)}"
+    return lists
+
+
+def _write_dependencies(path: str, target: str, lists: list[str]) -> None:
+    """nvcc's dependency file from gcc's lists: one rule, each file once, in the order first read."""
+    files: dict[str, None] = {}
+    for name in lists:
+        with open(name) as f:
+            text = f.read().replace("\\\n", " ")
+        # a space inside a name is written as a backslash and the space: names are kept as gcc wrote them
+        files.update(dict.fromkeys(re.findall(r"(?:\\.|[^\s\\])+", text.partition(": ")[2])))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{target} : " + " \\\n    ".join(files) + "\n")
+    os.replace(tmp, path)
+
+
 def _cancel(*chains: _Chain) -> None:
     for chain in chains:
         chain.stop()
@@ -197,9 +228,11 @@ def run(args: list[str], nvcc: str) -> int:
             return subprocess.call([nvcc, *args])
         with open(plan.module_id_file, "w") as f:
             f.write(_module_id(sources[0]))
+        # The dependency file: listed by the two preprocessing steps as they run, else by nvcc's own
+        # preprocess-only run beside them (no commands to run: an empty chain).
+        lists = _listing_dependencies(plan, dep_args, scratch) if dep_args else None
         host, device = _Chain(plan.host, plan.env), _Chain(plan.device, plan.env)
-        # The dependency file: nvcc's own preprocess-only run (no commands to run: an empty chain).
-        deps = _Chain([shlex.join([nvcc, *dep_args])] if dep_args else [], env)
+        deps = _Chain([shlex.join([nvcc, *dep_args])] if dep_args and lists is None else [], env)
         for chain in (host, device, deps):
             chain.start()
         host.join()
@@ -217,6 +250,8 @@ def run(args: list[str], nvcc: str) -> int:
         if deps.returncode:
             deps.show()
             return deps.returncode
+        if lists is not None:
+            _write_dependencies(dep_args[-1], dep_args[2], lists)
         final = _Chain(plan.final, plan.env)
         final.run()
         final.show()

@@ -16,6 +16,13 @@ module writes a directory that goes first on the .cu file's include path and rep
   identifier) and the torch headers it reaches (every name written after ``at::`` or ``torch::``), and
   adds the operators those operators' headers name.
 
+* ``thrust/complex.h``, which c10's complex type includes in a .cu file for its conversions to and from
+  thrust's and for its device math, is replaced by declarations alone when the source never writes
+  "complex" or "thrust" (in any case): every name torch's headers use from it is declared, as an
+  incomplete class template or a deleted function, so the headers parse and any use of them fails to
+  compile. It and the parts of CUDA's C++ library it pulls in were about a fifth of each front end's time
+  on an H200 machine.
+
 A name's header declares all of that name's overloads. A call therefore resolves as it would with
 torch's headers, or fails to compile. It cannot silently pick another function. The evaluator builds
 with the real headers when a light build fails. On an H200 machine a candidate's .cu file compiled in
@@ -41,6 +48,8 @@ ALL_OPERATORS = {"ATen/Functions.h": "", "ATen/NativeFunctions.h": "_native"}  #
 # What makes torch::x differ from at::x: autograd and torch::tensor's own dtype rule. The others are
 # here because a source naming them would only fail with the lean header and pay for a second build.
 NEEDS_TORCH_TYPES = re.compile(r"requires_grad|autograd|\btensor\s*\(|TORCH_LIBRARY|\bLibrary\b")
+NAMES_COMPLEX = re.compile(r"complex|thrust", re.I)  # a source naming these keeps thrust/complex.h
+THRUST_NAME = re.compile(r"\bthrust\s*::\s*(\w+)(\s*<)?")
 
 
 def torch_include_dirs() -> list[str]:
@@ -79,12 +88,12 @@ def qualified_names(text: str) -> set[str]:
 
 
 def names_of(source: str, search_dirs: list[str], replaced: dict[str, str], operators: set[str],
-             torch_dirs: list[str]) -> set[str]:
+             torch_dirs: list[str], reached: dict[str, str] | None = None) -> set[str]:
     """The operators a translation unit can name: source + the headers it reaches, to a fixed point.
 
     `replaced` maps an include name to the text the compiler will read instead of torch's. Files outside
     `torch_dirs` are the candidate's: every identifier in them counts. An include that does not resolve
-    (system, CUDA) names no operator.
+    (system, CUDA) names no operator. `reached`, if given, receives the text of every header found.
     """
     chosen = set(IDENTIFIER.findall(source)) & operators
     pending = INCLUDE.findall(source) + [f"ATen/ops/{n}.h" for n in chosen]
@@ -97,6 +106,8 @@ def names_of(source: str, search_dirs: list[str], replaced: dict[str, str], oper
         text, own = _text_of(name, search_dirs, replaced, torch_dirs)
         if text is None:
             continue
+        if reached is not None:
+            reached[name] = text
         new = ((set(IDENTIFIER.findall(text)) if own else qualified_names(text)) & operators) - chosen
         chosen |= new
         pending += INCLUDE.findall(text) + [f"ATen/ops/{n}.h" for n in new]
@@ -129,6 +140,7 @@ def write(out_dir: str, source: str, extra_include_dirs: list[str] | None = None
         return _text_of(name, torch_dirs, {}, torch_dirs)[0]
 
     replaced = {"torch/extension.h": LIGHT_EXTENSION_H, "torch/torch.h": LIGHT_EXTENSION_H}
+    reached: dict[str, str] = {}
     types_h = torch_s("torch/types.h")
     lean = types_h is not None and not needs_torch_types(source)
     if lean:
@@ -141,13 +153,38 @@ def write(out_dir: str, source: str, extra_include_dirs: list[str] | None = None
         # The all-operator headers count for their own code only: their operator includes are being chosen.
         bodies = {h: only_operators(text, set(), suffix) for h, suffix in ALL_OPERATORS.items()
                   if (text := everything[h]) is not None}
-        names = names_of(source, search, {**replaced, **bodies}, operators, torch_dirs)
+        names = names_of(source, search, {**replaced, **bodies}, operators, torch_dirs, reached)
         for header, suffix in ALL_OPERATORS.items():
             if everything[header] is not None:
                 replaced[header] = only_operators(everything[header], names, suffix)
+    # The candidate's own header directories are not searched for the words: with any, thrust stays.
+    declare = not extra_include_dirs and not NAMES_COMPLEX.search(source)
+    stub = thrust_declarations(reached.values()) if declare else None
+    if stub is not None:
+        replaced["thrust/complex.h"] = stub
     for name, text in replaced.items():
         _write_text(os.path.join(out_dir, name), text)
-    return {"lean_types": lean, "operators": len(names) if operators else None, "of": len(operators)}
+    return {"lean_types": lean, "operators": len(names) if operators else None, "of": len(operators),
+            "thrust": "declared" if stub is not None else "kept"}
+
+
+def thrust_declarations(texts) -> str | None:
+    """thrust/complex.h as declarations only of what the given headers name in thrust:: (None if nothing):
+    an incomplete class template for a name followed by <, a deleted function template for the others.
+    Qualified calls and casts in torch's templates then parse, and any instantiation of them fails."""
+    classes: set[str] = set()
+    functions: set[str] = set()
+    for text in texts:
+        for name, angle in THRUST_NAME.findall(text):
+            (classes if angle else functions).add(name)
+    if not classes | functions:
+        return None
+    lines = ["// Written by pacevolve (light_headers.py): the source names no complex number, so thrust's",
+             "// complex type is declared and never defined; using it fails to compile.", "#pragma once",
+             "namespace thrust {"]
+    lines += [f"template <typename... T> struct {n};" for n in sorted(classes)]
+    lines += [f"template <typename... A> void {n}(A&&...) = delete;" for n in sorted(functions - classes)]
+    return "\n".join(lines + ["}  // namespace thrust", ""])
 
 
 def _write_text(path: str, text: str) -> None:

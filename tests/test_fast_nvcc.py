@@ -32,6 +32,8 @@ TOOL = textwrap.dedent("""\
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(f"{{name}} {{what}} {{time.time():.3f}} {{ids[0] if ids else '-'}}\\n")
     log("start")
+    with open(os.path.join(os.path.dirname(os.environ["FAKE_LOG"]), "commands"), "a") as f:
+        f.write(name + " " + " ".join(args) + "\\n")
     time.sleep(float(os.environ.get("FAKE_SLEEP_" + name, os.environ.get("FAKE_SLEEP", "0"))))
     if os.environ.get("FAKE_FAIL_" + name):
         print(f"{{name}}: error: something is wrong", flush=True)
@@ -39,6 +41,11 @@ TOOL = textwrap.dedent("""\
         sys.exit(int(os.environ["FAKE_FAIL_" + name]))
     if "-o" in args:
         open(args[args.index("-o") + 1], "w").write(name)
+    if "-MF" in args:  # the preprocessing's list of what it read: each side one header of its own
+        side = "device" if any(a.startswith("-D__CUDA_ARCH__") for a in args) else "host"
+        bs, nl = chr(92), chr(10)   # a line continued, and a space inside a name, as gcc writes them
+        open(args[args.index("-MF") + 1], "w").write(
+            f"{{args[args.index('-MT') + 1]}}: x.cu /x/both.h {{bs}}{{nl}} /x/{{side}}{{bs}} only.h{{nl}}")
     log("end")
 """)
 
@@ -55,7 +62,8 @@ NVCC = textwrap.dedent("""\
                  f'"$FAKE_BIN/gcc" -E -x c++ -D__CUDACC__ x.cu -o "{{tmp}}/x.cpp4.ii"',
                  f'"$FAKE_BIN/cudafe++" --gen_c_file_name "{{tmp}}/x.cudafe1.cpp" --gen_module_id_file '
                  f'--module_id_file_name "{{tmp}}/x.module_id" "{{tmp}}/x.cpp4.ii"',
-                 f'"$FAKE_BIN/gcc" -E -x c++ -D__CUDA_ARCH__=900 x.cu -o "{{tmp}}/x.cpp1.ii"',
+                 f'"$FAKE_BIN/gcc" {{"--preprocess" if os.environ.get("FAKE_NO_DEVICE_E") else "-E"}} -x c++ '
+                 f'-D__CUDA_ARCH__=900 x.cu -o "{{tmp}}/x.cpp1.ii"',
                  f'"$FAKE_BIN/cicc" --module_id_file_name "{{tmp}}/x.module_id" "{{tmp}}/x.cpp1.ii" -o "{{tmp}}/x.ptx"',
                  f'"$FAKE_BIN/ptxas" -arch=sm_90a "{{tmp}}/x.ptx" -o "{{tmp}}/x.cubin"',
                  f'"$FAKE_BIN/fatbinary" -64 "--image3=kind=elf,sm=90a,file={{tmp}}/x.cubin"',
@@ -139,9 +147,24 @@ def test_unrecognised_pipelines_and_flags_go_to_nvcc_unchanged(fake):
     assert log[-1] == ["nvcc", "-c", "a.cu", "b.cu"]
 
 
-def test_dependency_file_is_written_beside_the_compile(fake, tmp_path):
-    # torch's build.ninja always asks nvcc for a dependency file; that must not send the build to plain nvcc.
-    proc, log = fake("-MD", "-MF", "x.o.d", "-O3", "-c", "x.cu", "-o", "x.o",
+def test_dependency_file_is_listed_by_the_preprocessing_itself(fake, tmp_path):
+    # torch's build.ninja always asks nvcc for a dependency file; that must not send the build to plain nvcc,
+    # nor cost a third preprocessing: the two the compile runs list what they read, merged as nvcc does.
+    for mode, flag in (("-MD", "-MD"), ("-MMD", "-MMD")):
+        proc, log = fake(mode, "-MF", "x.o.d", "-O3", "-c", "x.cu", "-o", "x.o")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "nvcc_run" not in {e[0] for e in log}
+        assert (tmp_path / "x.o").read_text() == "gcc"
+        assert (tmp_path / "x.o.d").read_text() == (
+            "x.o : x.cu \\\n    /x/both.h \\\n    /x/device\\ only.h \\\n    /x/host\\ only.h\n")
+        preprocessing = [c for c in (tmp_path / "commands").read_text().splitlines() if " -E " in c]
+        assert len(preprocessing) == 2 and all(f" {flag} -MF " in c for c in preprocessing)
+        (tmp_path / "x.o.d").unlink()
+        (tmp_path / "commands").unlink()
+
+
+def test_dependency_file_of_another_shape_comes_from_nvcc_beside_the_compile(fake, tmp_path):
+    proc, log = fake("-MD", "-MF", "x.o.d", "-O3", "-c", "x.cu", "-o", "x.o", FAKE_NO_DEVICE_E="1",
                      FAKE_SLEEP_cudafepp="1.5", FAKE_SLEEP_cicc="1.5", FAKE_SLEEP_nvcc="1.5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ["nvcc", "-M", "-MT", "x.o", "-O3", "x.cu", "-o", "x.o.d"] in log
@@ -150,10 +173,13 @@ def test_dependency_file_is_written_beside_the_compile(fake, tmp_path):
     assert (tmp_path / "x.o").read_text() == "gcc" and (tmp_path / "x.o.d").read_text() == "nvcc"
 
 
-def test_dependency_run_stops_with_a_host_failure(fake):
-    proc, log = fake("-MD", "-MF", "x.o.d", "-c", "x.cu", "-o", "x.o", FAKE_FAIL_cudafepp="2", FAKE_SLEEP_nvcc="5")
+def test_no_dependency_file_after_a_failure(fake, tmp_path):
+    proc, log = fake("-MD", "-MF", "x.o.d", "-c", "x.cu", "-o", "x.o", FAKE_FAIL_cudafepp="2")
     assert proc.returncode == 2 and "cudafepp: error" in proc.stdout
-    assert "end" not in events(log, "nvcc_run")
+    assert not (tmp_path / "x.o.d").exists()
+    proc, log = fake("-MD", "-MF", "x.o.d", "-c", "x.cu", "-o", "x.o", FAKE_NO_DEVICE_E="1",
+                     FAKE_FAIL_cudafepp="2", FAKE_SLEEP_nvcc="5")
+    assert proc.returncode == 2 and "end" not in events(log, "nvcc_run")
 
 
 @pytest.mark.parametrize("args, compile_args, deps", [

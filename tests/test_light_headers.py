@@ -52,7 +52,7 @@ def test_keeps_the_operators_the_source_and_their_headers_name(tmp_path):
     # names only (a miss would fail to compile, and the real headers would then be used).
     assert kept(tmp_path / "out") == {"a", "b", "d", "e"}
     assert kept(tmp_path / "out", "ATen/NativeFunctions.h", "_native") == {"a", "b", "d", "e"}
-    assert info == {"lean_types": True, "operators": 4, "of": 5}
+    assert info == {"lean_types": True, "operators": 4, "of": 5, "thrust": "kept"}  # fake torch names no thrust
 
 
 def test_the_candidate_s_own_headers_count_every_name(tmp_path):
@@ -105,6 +105,26 @@ def test_only_operators_keeps_exactly_the_named_includes():
     out = lh.only_operators(text, {"b"})
     assert "<ATen/ops/b.h>" in out and "<ATen/ops/a.h>" not in out and "<ATen/Context.h>" in out
     assert out.endswith("int z;\n")
+
+
+def test_thrust_is_declared_only_when_the_source_never_names_complex_numbers(tmp_path):
+    dirs = fake_torch(tmp_path)
+    (Path(dirs[0]) / "c10/util/complex.h").parent.mkdir(parents=True)
+    (Path(dirs[0]) / "c10/util/complex.h").write_text(
+        "#include <thrust/complex.h>\ntemplate <class T> T abs(c<T> z) { return thrust::abs(thrust::complex<T>(z)); }\n"
+        "template <class T> T e(c<T> z) { return thrust :: exp (z); }\n")
+    (Path(dirs[0]) / "ATen/Thing.h").write_text("#include <c10/util/complex.h>\n")
+    info = lh.write(str(tmp_path / "out"), "#include <torch/types.h>\nint g();\n", torch_dirs=dirs)
+    stub = (tmp_path / "out" / "thrust" / "complex.h").read_text()
+    assert info["thrust"] == "declared"
+    assert "template <typename... T> struct complex;" in stub
+    assert "template <typename... A> void abs(A&&...) = delete;" in stub and " exp(A&&...) = delete;" in stub
+    assert "{" not in stub.split("namespace thrust {")[1]  # nothing defined
+    for source, extra in (("// a Complex number\n", None), ("#include <thrust/sort.h>\n", None),
+                          ("#include <torch/types.h>\n", [str(tmp_path)])):
+        out = tmp_path / f"kept{len(source)}"
+        info = lh.write(str(out), source, extra, torch_dirs=dirs)
+        assert info["thrust"] == "kept" and not (out / "thrust").exists()
 
 
 # ------------------------------------------------------------------------------ with the installed torch
@@ -163,6 +183,35 @@ def test_an_operator_the_scan_cannot_see_fails_to_compile_instead_of_changing_me
             assert "relu" in r.stderr
 
 
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs CUDA's nvcc (no GPU needed)")
+def test_a_complex_number_the_scan_cannot_see_fails_to_compile_with_thrust_declared_only(tmp_path):
+    # A kernel file with no complex number compiles with thrust's complex type declared only; one that uses
+    # c10's complex math behind token pasting fails to compile (the real headers then decide), and compiles
+    # with them. Host and device code: nvcc -c, the whole pipeline.
+    flags = ["-std=c++17"] + [f for p in compile_flags()[1:] for f in ("-isystem", p[len("-isystem"):])]
+    plain = "#include <torch/types.h>\n__global__ void k(float* x) { x[0] = x[1]; }\n" \
+            "torch::Tensor f(torch::Tensor x) { k<<<1, 1>>>(x.data_ptr<float>()); return x; }\n"
+    hidden = plain.replace("x[0] = x[1];", "x[0] = std::abs(c10::comp##lex<float>(x[1], x[2]));").replace(
+        "__global__", "#define CPLX(a, b) c10::comp##lex<float>(a, b)\n__global__").replace(
+        "c10::comp##lex<float>(x[1], x[2])", "CPLX(x[1], x[2])")
+    runs = {}
+    for name, source in (("plain", plain), ("hidden", hidden)):
+        work = tmp_path / name
+        work.mkdir()
+        (work / "k.cu").write_text(source)
+        assert lh.write(str(work / "light"), source, [])["thrust"] == "declared"
+        runs[name] = subprocess.run([NVCC, f"-I{work / 'light'}", *flags, "-c", "k.cu", "-o", "k.o"], cwd=work,
+                                    capture_output=True, text=True)
+    assert runs["plain"].returncode == 0, runs["plain"].stderr[-3000:]
+    assert runs["hidden"].returncode != 0 and "thrust::complex<float>" in runs["hidden"].stdout + runs["hidden"].stderr
+    real = subprocess.run([NVCC, *flags, "-c", "k.cu", "-o", "k.o"], cwd=tmp_path / "hidden", capture_output=True,
+                          text=True)
+    assert real.returncode == 0, real.stderr[-3000:]
+
+
 # ------------------------------------------------------------------------------ the CUDA candidates in tests/
 class _Captured(Exception):
     pass
@@ -197,26 +246,28 @@ def cuda_sources_in_tests() -> dict[str, str]:
 
 @pytest.mark.gpu
 def test_gpu_every_cuda_candidate_in_tests_parses_with_light_headers_as_with_torch_s(tmp_path):
-    """nvcc's host front end (preprocess + cudafe++) on each .cu file: light headers change no verdict."""
+    """Each .cu file: nvcc's host front end (preprocess + cudafe++) with torch's headers, and the whole
+    compile (host and device) with light headers (thrust declared only where allowed): none fails."""
     from torch.utils import cpp_extension as ce
     nvcc = os.path.join(ce.CUDA_HOME or "", "bin", "nvcc")
     if not os.path.exists(nvcc):
         pytest.skip("needs nvcc")
     sources = cuda_sources_in_tests()
     assert len(sources) >= 8
-    flags = ["-std=c++17", "--cuda"] + [f"-I{p}" for p in ce.include_paths("cuda")] + \
+    flags = ["-std=c++17"] + [f"-I{p}" for p in ce.include_paths("cuda")] + \
         [f"-I{sysconfig.get_paths()['include']}"]
+
+    thrust: dict[str, str] = {}
 
     def front_end(name: str, text: str, light: bool) -> subprocess.CompletedProcess:
         work = tmp_path / name.replace("/", "_")
         work.mkdir(exist_ok=True)
         (work / "cuda.cu").write_text(text)
-        extra = []
+        extra = ["--cuda", "-o", "/dev/null"]
         if light:
-            lh.write(str(work / "light"), text)
-            extra = [f"-I{work / 'light'}"]
-        return subprocess.run([nvcc, *extra, *flags, "cuda.cu", "-o", "/dev/null"], cwd=work, capture_output=True,
-                              text=True)
+            thrust[name] = lh.write(str(work / "light"), text, [])["thrust"]
+            extra = [f"-I{work / 'light'}", "-c", "-o", "light.o"]
+        return subprocess.run([nvcc, *extra, *flags, "cuda.cu"], cwd=work, capture_output=True, text=True)
 
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(8) as pool:
@@ -225,3 +276,4 @@ def test_gpu_every_cuda_candidate_in_tests_parses_with_light_headers_as_with_tor
         real, light = runs[(name, False)].result(), runs[(name, True)].result()
         assert real.returncode == 0, (name, real.stderr[-2000:])
         assert light.returncode == 0, (name, light.stderr[-2000:])
+    assert list(thrust.values()).count("declared") >= len(sources) // 2, thrust
