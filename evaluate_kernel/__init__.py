@@ -109,7 +109,8 @@ from its memory), stopped.py (a process stopped, its CPU time). Protocol: protoc
 the parent's handle on a worker). Worker side: worker.py (the roles), host_batches.py (a batch with its
 bookkeeping outside the runner, CPU and GPU, both sides), vmm.py (device memory shared by descriptor,
 the runner's pool over it), batches.py (the GPU's fallback batch, both sides), inputs.py (inputs,
-models, output checks), build.py (load_inline wrapped), light_headers.py, fast_nvcc.py, confine.py.
+models, output checks), build.py (load_inline wrapped), light_headers.py, binding_header.py (main.cpp's
+precompiled header, made by the parent), fast_nvcc.py, confine.py.
 Leaf: common.py (results, options, comparison, digests), tensorfile.py (tensors in a file a runner
 writes, read without a pickle), screen.py (the static first filter). Copying this folder is enough to
 vendor it

@@ -129,14 +129,18 @@ def _install_build_defaults(cfg: dict) -> dict:
                 kw["use_pch"] = True
             except Exception as e:   # torch's install dir is read-only in the namespace: build without it
                 record["pch"] = f"not used: {type(e).__name__}"
+        binding = cfg.get("binding", "") if pch_ok and bound and not kw.get("extra_include_paths") else ""
+        if binding and not _binding_usable(bound.get("cpp_sources"), binding):
+            binding = ""
         if cfg.get("nvcc") and "PYTORCH_NVCC" not in os.environ and getattr(ce, "CUDA_HOME", None):
             # fast_nvcc.py: nvcc's own steps, with the host and device front ends side by side.
             os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
                                                      os.path.join(ce.CUDA_HOME, "bin", "nvcc")])
         try:
-            module = _build_with_light_headers(ce, original, args, kw, cfg, name, build_dir, record,
-                                               _cu_text(bound["cuda_sources"])) \
-                if bound and bound.get("cuda_sources") and cfg.get("light_headers") else original(*args, **kw)
+            cu = _cu_text(bound["cuda_sources"]) if bound and bound.get("cuda_sources") and cfg.get("light_headers") \
+                else ""
+            module = _build_light(ce, original, args, kw, cfg, name, build_dir, record, cu, binding) \
+                if cu or binding else original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
             if cfg.get("prebuilt"):   # a runner, which may not start a compiler (torch then says ninja is missing)
@@ -163,43 +167,70 @@ def _install_build_defaults(cfg: dict) -> dict:
 FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again with the real torch headers"
 
 
-def _build_with_light_headers(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict,
-                              source: str):
-    """load_inline with light_headers.py's directory first on the .cu include path; if that fails, the call
-    as written.
+def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict, source: str,
+                 binding: str):
+    """load_inline with light headers: light_headers.py's directory first on the .cu include path (for a
+    .cu `source`) and the binding header's first on main.cpp's (`binding`); if that fails, the call as
+    written.
 
-    The directory is written into the build directory for this source. The builder leaves a marker naming
-    it, so a runner that must rebuild (rare: the library is normally imported as built) uses the same flags.
+    The .cu's directory is written into the build directory for this source. The builder leaves markers
+    naming both, so a runner that must rebuild (rare: the library is normally imported as built) uses the
+    same flags.
     """
-    marker = os.path.join(build_dir, "pacevolve-light-headers")
+    markers = {"cu": os.path.join(build_dir, "pacevolve-light-headers"),
+               "binding": os.path.join(build_dir, "pacevolve-binding-header")}
     versions = getattr(getattr(ce, "JIT_EXTENSION_VERSIONER", None), "entries", None)
     if not isinstance(versions, dict):
         return original(*args, **kw)  # without resetting torch's versioner a second build would be renamed
     if cfg.get("prebuilt"):
-        light_dir = _read(marker)
-        if not light_dir:
+        light_dir, binding = _read(markers["cu"]), _read(markers["binding"])
+        if not light_dir and not binding:
             return original(*args, **kw)
-    else:
+    elif source:
         try:
             from . import light_headers
         except ImportError:  # evaluate_kernel.py copied without its companion: torch's headers as they are
-            return original(*args, **kw)
-        light_dir = os.path.join(build_dir, "pacevolve-headers")
-        record["light"] = light_headers.write(light_dir, source, list(kw.get("extra_include_paths") or []))
-    light_kw = dict(kw, extra_cuda_cflags=[f"-I{light_dir}"] + list(kw.get("extra_cuda_cflags") or []))
+            light_dir = ""
+        else:
+            light_dir = os.path.join(build_dir, "pacevolve-headers")
+            record["light"] = light_headers.write(light_dir, source, list(kw.get("extra_include_paths") or []))
+    else:
+        light_dir = ""
+    if not light_dir and not binding:
+        return original(*args, **kw)
+    light_kw = dict(kw)
+    if light_dir:
+        light_kw["extra_cuda_cflags"] = [f"-I{light_dir}"] + list(kw.get("extra_cuda_cflags") or [])
+    if binding:
+        # torch's own header check would see other flags and rebuild its header: not asked for here
+        light_kw.update(extra_cflags=[f"-I{binding}"] + list(kw.get("extra_cflags") or []), use_pch=False)
     try:
         module = original(*args, **light_kw)
     except Exception:  # noqa: BLE001 - whatever failed, the real headers decide
-        _remove(marker)
+        for marker in markers.values():
+            _remove(marker)
         versions.pop(name, None)  # same name, other flags: build it again under the same name
         record["headers"] = "full (the light-header build failed)"
         print(FULL_HEADER_RETRY, flush=True)  # the parent reads compiler errors after this line
         return original(*args, **kw)
     if not cfg.get("prebuilt"):
-        with open(marker, "w") as f:
-            f.write(light_dir)
-    record["headers"] = "light"
+        for part, value in (("cu", light_dir), ("binding", binding)):
+            if value:
+                with open(markers[part], "w") as f:
+                    f.write(value)
+    if light_dir:
+        record["headers"] = "light"
+    record["binding"] = bool(binding)
     return module
+
+
+def _binding_usable(cpp_sources, directory: str) -> bool:
+    try:
+        from . import binding_header
+    except ImportError:
+        return False
+    sources = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
+    return binding_header.usable("\n".join(sources), directory)
 
 
 def _cu_text(cuda_sources) -> str:

@@ -15,6 +15,7 @@ left is remembered where candidates cannot write (DESIGN.md, "Both protocols").
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -25,6 +26,7 @@ import threading
 import time
 from concurrent.futures import Executor, Future
 
+from . import binding_header
 from .build import FULL_HEADER_RETRY, _pch_writable, pch_state, trim_compiler_output
 from .common import EvalResult, EvaluatorError, lock_path, open_lock
 from .protocol import Worker
@@ -48,6 +50,8 @@ class Builds:
         self._lock = threading.Lock()
         self._spare: Worker | None = None
         self._pch: Future | None = None
+        self._binding: Future | None = None   # binding_header.py's directory, or "" (never waited for)
+        self.binding_note = ""   # why there is none, when there is none
 
     # ---------------------------------------------------------------- the flow
     def build(self, src: str, h: str, details: dict) -> EvalResult | None:
@@ -139,6 +143,8 @@ class Builds:
                 details["build_headers"] = msg["headers"]
             if isinstance(msg.get("light"), dict):
                 details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
+            if isinstance(msg.get("binding"), bool):
+                details["binding_header"] = msg["binding"]  # main.cpp built with binding_header.py's
             if msg.get("kind") not in ("built", "compile_error"):
                 return EvalResult("rejected", message=f"rejected: the build process answered "
                                   f"{str(msg.get('kind'))[:40]!r}, not a build result (forged result)", details=details)
@@ -164,7 +170,8 @@ class Builds:
         """How builders (and a runner that must build again) call load_inline: our flags and options."""
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.ev.opts.use_pch and _pch_writable(),
                 "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
-                "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc}
+                "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc,
+                "binding": self.binding_header()}
 
     def extension_env(self, h: str, build_dir: str | None = None) -> dict[str, str]:
         """A runner's (or, with build_dir, a builder's) settings for load_inline. The runner finds the build
@@ -178,7 +185,50 @@ class Builds:
     def prepare_header(self, pool: Executor) -> Future:
         """torch's precompiled header brought up to date on `pool` (the first build that wants it waits)."""
         self._pch = pool.submit(self.prepare_pch)
+        # A CPU candidate's main.cpp holds all its code, which nearly always names an operator the binding
+        # header leaves out: the header (a minute of a 2-core machine, 1 GB) is prepared for GPUs only.
+        if self.ev.opts.light_headers and self.ev.device == "cuda":
+            self._binding = pool.submit(self.prepare_binding)
         return self._pch
+
+    def binding_header(self, wait: bool = False) -> str:
+        """The binding header's directory if it is ready (with wait, once its preparation ends), else ""."""
+        future = self._binding
+        if future is None or not (wait or future.done()):
+            return ""
+        try:
+            return future.result()
+        except Exception as e:   # noqa: BLE001 - no header is never an evaluation's failure
+            self.binding_note = f"not prepared: {type(e).__name__}: {e}"
+            return ""
+
+    def prepare_binding(self) -> str:
+        """binding_header.py's directory, made ready outside the namespace once torch's header is (builds
+        use it from then on and never wait for it; the first on a machine takes tens of seconds), or ""."""
+        if self._pch is None or self._pch.result() != "ready":
+            return ""
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if not spec or not spec.origin:
+            return ""
+        script = ("import json, os, sys; cpus = [int(c) for c in sys.argv[3].split(',') if c]; "
+                  "cpus and os.sched_setaffinity(0, cpus); sys.path.append(sys.argv[1]); "
+                  "from evaluate_kernel import binding_header; "
+                  "print(json.dumps(binding_header.prepare(sys.argv[2], sys.argv[4])))")
+        cpus = ",".join(str(c) for c in (self.ev.other_cpus or []))
+        proc = None
+        try:
+            # The machine's place, as this process sees it: a worker's environment has caches of its own.
+            proc = subprocess.run([sys.executable, "-c", script, self._code_dir, os.path.dirname(spec.origin), cpus,
+                                   binding_header.default_root()],
+                                  env=self.ev.env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+                                  timeout=self.ev.opts.build_timeout_s)
+            directory, why = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+            self.binding_note = f"not prepared: {type(e).__name__}: {proc.stderr.strip()[-300:] if proc else e}"
+            return ""
+        self.binding_note = why
+        return directory
 
     def prepare_pch(self) -> str:
         """Builds torch's precompiled extension.h outside the namespace (builders only find it there)."""

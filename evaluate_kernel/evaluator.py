@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from . import evaluation
+from . import binding_header, evaluation
 from .build import arch_list_for
 from .builds import Builds
 from .common import EvalResult, EvaluatorError, Options, lock_path, scrubbed_env, source_hash
@@ -400,8 +400,12 @@ class Evaluator:
     def _worker_namespace(self, gpu: bool, home: str, builder: bool) -> Namespace | None:
         if self._namespace is None:
             return None
+        # The binding header (binding_header.py) sits outside the cache unless the cache was put around it.
+        headers = binding_header.default_root()
+        inside = os.path.commonpath([self.cache_dir, headers]) == self.cache_dir and os.path.isdir(headers)
         return dataclasses.replace(self._namespace, gpu=gpu and self.device == "cuda",
-                                   shown=[(os.path.join(self.cache_dir, "ext"), False), (home, True)],
+                                   shown=[(os.path.join(self.cache_dir, "ext"), False), (home, True)]
+                                   + ([(headers, False)] if inside else []),
                                    hidden=self._namespace.hidden + ([self._locks] if builder else []))
 
     def _start_fork_server(self) -> None:

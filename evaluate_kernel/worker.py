@@ -121,7 +121,7 @@ def _role_build(job: dict, send) -> None:
 
 
 def _headers_used(record: dict) -> dict:
-    return {"headers": record.get("headers"), "light": record.get("light")}
+    return {"headers": record.get("headers"), "light": record.get("light"), "binding": record.get("binding")}
 
 
 # ------------------------------------------------------------------------------------------ runner

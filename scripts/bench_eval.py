@@ -67,7 +67,8 @@ def split(result, cache_dir: str | None = None) -> str:
     parts = []
     if isinstance(d.get("build_wall_s"), (int, float)):
         steps = f"; ninja: {ninja_steps(os.path.join(cache_dir, 'ext', d['source_hash']))}" if cache_dir else ""
-        parts.append(f"build {d['build_wall_s']:.1f} s ({d.get('build_headers', 'real')} headers; in the builder "
+        parts.append(f"build {d['build_wall_s']:.1f} s ({d.get('build_headers', 'real')} headers, binding header "
+                     f"{'yes' if d.get('binding_header') else 'no'}; in the builder "
                      f"{d.get('compile_s', 0):.1f} s{steps})")
     elif d.get("build_cached"):
         parts.append("build cached")
@@ -285,8 +286,13 @@ def main() -> int:
             add("cold evaluation (fresh cache)", f"{cold_wall:.1f} s wall ({split(cold, cache)}); status {cold.status}, "
                                                  f"{cold.runtime_ms} ms, speedup {cold.speedup}")
             add("first verdict of a fresh Evaluator", f"{first_s:.1f} s from the constructor's call (target <= 15 s)")
-            # The first build on a machine also builds torch's precompiled header; later new sources show
-            # what every other candidate costs.
+            # The first build on a machine also builds torch's precompiled header, and the binding header
+            # comes after it (builds go without it meanwhile); later new sources show what every other
+            # candidate costs.
+            t_wait = time.perf_counter()
+            binding = ev.builds.binding_header(wait=True)
+            add("binding header (binding_header.py)", f"{binding or 'none: ' + ev.builds.binding_note}; waited "
+                                                      f"{time.perf_counter() - t_wait:.1f} s after the cold evaluation")
             fresh_walls = []
             for i in range(args.new):
                 fresh, fresh_wall = timed_evaluate(ev, variant(src, 90 + i))

@@ -540,11 +540,12 @@ class _FakeCppExtension:
     def __init__(self, fail_light: bool):
         self.JIT_EXTENSION_VERSIONER = type("V", (), {})()
         self.JIT_EXTENSION_VERSIONER.entries = {}
-        self.fail_light, self.calls = fail_light, []
+        self.fail_light, self.calls, self.cflags = fail_light, [], []
 
     def load_inline(self, **kw):
-        light = any(f.startswith("-I") for f in kw["extra_cuda_cflags"])
+        light = any(f.startswith("-I") for f in kw["extra_cuda_cflags"] + kw.get("extra_cflags", []))
         self.calls.append((list(kw["extra_cuda_cflags"]), "ext" in self.JIT_EXTENSION_VERSIONER.entries))
+        self.cflags.append((list(kw.get("extra_cflags", [])), kw.get("use_pch")))
         self.JIT_EXTENSION_VERSIONER.entries["ext"] = "built once"
         if light and self.fail_light:
             raise RuntimeError("Error building extension 'ext'")
@@ -558,8 +559,8 @@ CU_SOURCE = "#include <torch/types.h>\ntorch::Tensor twice(torch::Tensor x) { re
 def test_light_headers_first_then_the_real_header(tmp_path, capsys, fail_light):
     ce = _FakeCppExtension(fail_light)
     cfg, record = {"light_headers": True}, {}
-    module = eval_build._build_with_light_headers(ce, ce.load_inline, (), {"extra_cuda_cflags": ["-O3"]}, cfg, "ext",
-                                          str(tmp_path), record, CU_SOURCE)
+    module = eval_build._build_light(ce, ce.load_inline, (), {"extra_cuda_cflags": ["-O3"]}, cfg, "ext",
+                                     str(tmp_path), record, CU_SOURCE, "")
     assert module == "module"
     light = tmp_path / "pacevolve-headers"
     assert (light / "torch" / "extension.h").exists() and (light / "ATen" / "Functions.h").exists()
@@ -581,10 +582,33 @@ def test_a_runner_rebuilds_with_the_flags_its_library_was_built_with(tmp_path):
         if built_light:
             (tmp_path / "pacevolve-light-headers").write_text("/light")
         ce = _FakeCppExtension(fail_light=False)
-        eval_build._build_with_light_headers(ce, ce.load_inline, (), {"extra_cuda_cflags": []},
-                                     {"light_headers": True, "prebuilt": True}, "ext", str(tmp_path), {}, CU_SOURCE)
+        eval_build._build_light(ce, ce.load_inline, (), {"extra_cuda_cflags": []},
+                                {"light_headers": True, "prebuilt": True}, "ext", str(tmp_path), {}, CU_SOURCE, "")
         assert ce.calls == [(["-I/light"] if built_light else [], False)]
         assert not (tmp_path / "pacevolve-headers").exists()  # a runner writes nothing
+
+
+@pytest.mark.parametrize("fail_light", [False, True])
+@pytest.mark.parametrize("source", [CU_SOURCE, ""])
+def test_the_binding_header_first_on_main_cpp_s_path_then_torch_s(tmp_path, capsys, fail_light, source):
+    ce = _FakeCppExtension(fail_light)
+    record: dict = {}
+    kw = {"extra_cuda_cflags": [], "extra_cflags": ["-O3"], "use_pch": True}
+    assert eval_build._build_light(ce, ce.load_inline, (), kw, {"light_headers": True}, "ext", str(tmp_path),
+                                   record, source, "/binding") == "module"
+    marker = tmp_path / "pacevolve-binding-header"
+    # torch's own header check is not asked for with the binding header (it would see other flags)
+    assert ce.cflags[0] == (["-I/binding", "-O3"], False)
+    if not fail_light:
+        assert record["binding"] is True and marker.read_text() == "/binding" and len(ce.cflags) == 1
+    else:
+        assert ce.cflags[1] == (["-O3"], True) and not marker.exists() and not record.get("binding")
+        assert ek.FULL_HEADER_RETRY in capsys.readouterr().out
+    # a runner that must rebuild does so with the flags the library was built with
+    runner = _FakeCppExtension(False)
+    eval_build._build_light(runner, runner.load_inline, (), dict(kw), {"light_headers": True, "prebuilt": True},
+                            "ext", str(tmp_path), {}, source, "")
+    assert runner.cflags == [(["-I/binding", "-O3"], False) if not fail_light else (["-O3"], True)]
 
 
 def test_the_builder_scans_the_cu_file_load_inline_writes():
@@ -685,6 +709,7 @@ def gpu_results(gpu_ev):
             "oob": cuda_candidate("tail_oob", "((float*)256)[idx]"),
             "torch": HONEST, "own_pool": OUTPUT_FROM_ITS_OWN_POOL,
             "needs_full_header": NEEDS_FULL_HEADER, "broken_cu": BROKEN_CU}
+    gpu_ev.builds.binding_header(wait=True)   # on a fresh machine the first builds would go without it
     with ThreadPoolExecutor(7) as pool:
         futures = {k: pool.submit(gpu_ev.evaluate, s) for k, s in srcs.items()}
         out = {k: f.result() for k, f in futures.items()}
@@ -699,6 +724,7 @@ def test_gpu_fused_kernel_ok_and_timed(gpu_results):
     assert r.details["build_headers"] == "light", r.details.get("build_headers")
     light = r.details["light_headers"]
     assert light["lean_types"] and 0 < light["operators"] < light["of"] / 10, light
+    assert light["thrust"] == "declared" and r.details["binding_header"] is True, r.details
     # Timed beside five other candidates' builds on the same host: 6.2% measured on an H200 (the intervals
     # of calls this short widen with the host's load; alone, 0.4-0.6%).
     assert r.details["noise"] < 0.10 and r.details["timing"]["pairs"] >= 6

@@ -1,0 +1,110 @@
+"""binding_header.py: which cpp_sources may use the binding header, torch's flags read back from its
+signature, and (slow) the header prepared and precompiled for real."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from evaluate_kernel import binding_header as bh
+
+
+def fake_dir(tmp_path: Path) -> str:
+    d = tmp_path / "binding"
+    d.mkdir()
+    (d / bh.LEFT_OUT).write_text("conv2d\nt\nrelu\nexp\n")
+    (d / bh.INCLUDED).write_text("torch/extension.h\nATen/ATen.h\ntorch/types.h\n")
+    return str(d)
+
+
+DECLARATION = "torch::Tensor fused(torch::Tensor x, torch::Tensor w, int64_t groups, double eps);"
+
+
+@pytest.mark.parametrize("cpp, ok", [
+    (DECLARATION, True),
+    ("#include <torch/extension.h>\n#include <vector>\n#include <cmath>\n#include <stdint.h>\n" + DECLARATION, True),
+    ("#include <ATen/ATen.h>\n" + DECLARATION, True),          # included by the header already
+    ("#include <torch/torch.h>\n" + DECLARATION, False),       # the C++ frontend: torch's header
+    ("#include <ATen/ops/relu.h>\n" + DECLARATION, False),
+    ("torch::Tensor f(torch::Tensor x) { return at::conv2d(x, x); }", False),
+    ("torch::Tensor f(torch::Tensor x) { return relu(x); }", False),      # found by ADL with torch's header
+    ("torch::Tensor f(torch::Tensor x) { return x.relu().t(); }", True),  # methods come with Tensor
+    ("float f(float v) { return std::exp(v); }", True),
+    ("torch::Tensor f(torch::Tensor t, torch::Tensor conv2d);", True),  # parameters named like operators
+    ("float f(float t) { return t * 2; }", True),
+    ("torch::Tensor f(torch::Tensor x) { return exp (x); }", False),
+    ("torch::Tensor f(torch::Tensor x) { return at :: t; }", False),
+    ("torch::Tensor f(torch::Tensor x) { auto g = &at::relu; return x; }", False),
+    ("torch::Tensor f(torch::Tensor x) { return x.requires_grad_(); }", False),  # torch's own factories
+])
+def test_which_cpp_sources_may_use_the_binding_header(tmp_path, cpp, ok):
+    assert bh.usable(cpp, fake_dir(tmp_path)) is ok
+
+
+def test_no_binding_header_without_its_lists(tmp_path):
+    assert not bh.usable(DECLARATION, str(tmp_path))
+
+
+def test_torch_s_flags_are_read_back_from_its_signature_only_when_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "ccache g++")
+    inc = tmp_path / "torch" / "include"
+    (inc / "torch").mkdir(parents=True)
+    head = inc / "torch" / "extension.h"
+    flags = ["-I", str(inc), "-I", sysconfig.get_path("include"), "-I", str(inc / "torch" / "csrc" / "api" / "include"),
+             "-DTORCH_API_INCLUDE_EXTENSION_H", "-std=c++17", "-fPIC"]
+    written = " ".join(["ccache", "g++", "-x", "c++-header", str(head), "-o", f"{head}.gch", *flags])
+    (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
+    root = str(tmp_path / "torch")
+    assert bh.torch_command(root) is None            # no precompiled header beside the signature
+    (inc / "torch" / "extension.h.gch").write_bytes(b"gch")
+    assert bh.torch_command(root) == ["ccache", "g++", *flags]
+    (inc / "torch" / "extension.h.sign").write_text((written + " -O3").replace(" ", "_"))
+    assert bh.torch_command(root) is None            # flags this module would not reproduce
+    monkeypatch.setenv("CXX", "clang++")
+    (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
+    assert bh.torch_command(root) is None            # another compiler than the environment names
+
+
+MAIN_CPP = """#include <torch/extension.h>
+{decl}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{
+m.def("fused", torch::wrap_pybind_function(fused), "fused");
+}}
+"""
+
+
+@pytest.mark.slow
+def test_prepared_once_and_precompiled_for_main_cpp_with_and_without_optimisation(tmp_path):
+    """The real header for the installed torch (torch's own header built first if missing): prepared in
+    the default place (shared with Evaluators), then main.cpp as load_inline writes it compiles with the
+    plain header, with -O3 from the -O2 one, and with -ffast-math from the header's text."""
+    import importlib.util
+    import time
+
+    from torch.utils import cpp_extension as ce
+    from evaluate_kernel import build
+    from evaluate_kernel.common import lock_path
+    torch_root = os.path.dirname(importlib.util.find_spec("torch").origin)
+    if bh.torch_command(torch_root) is None:
+        build._ensure_pch(ce, [], lock_path("pch.lock"))
+    directory, why = bh.prepare(torch_root)
+    assert directory and not why, why
+    t0 = time.monotonic()
+    assert bh.prepare(torch_root) == (directory, "")   # ready: nothing built again
+    assert time.monotonic() - t0 < 5
+    (tmp_path / "main.cpp").write_text(MAIN_CPP.format(decl=DECLARATION.replace("fused(", "fused(")))
+    command = bh.torch_command(torch_root)
+    flags = ["-DTORCH_EXTENSION_NAME=probe", "-DTORCH_API_INCLUDE_EXTENSION_H",
+             *[f for i, a in enumerate(command) if a == "-I" for f in ("-isystem", command[i + 1])],
+             *[a for a in command if a.startswith("-std=")], "-fPIC"]
+    for extra, used in (([], "plain"), (["-O3"], "o2"), (["-ffast-math"], None)):
+        r = subprocess.run([*command[:command.index("-I")], f"-I{directory}", *flags, *extra, "-H", "-c", "main.cpp",
+                            "-o", "main.o"], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        pch = [line for line in r.stderr.splitlines() if line.startswith("! ")]
+        assert pch == ([f"! {directory}/torch/extension.h.gch/{used}"] if used else []), (extra, pch)
+    assert bh.usable(DECLARATION, directory)
+    assert not bh.usable("torch::Tensor f(torch::Tensor x) { return torch::conv2d(x, x); }", directory)
