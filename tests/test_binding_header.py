@@ -108,3 +108,35 @@ def test_prepared_once_and_precompiled_for_main_cpp_with_and_without_optimisatio
         assert pch == ([f"! {directory}/torch/extension.h.gch/{used}"] if used else []), (extra, pch)
     assert bh.usable(DECLARATION, directory)
     assert not bh.usable("torch::Tensor f(torch::Tensor x) { return torch::conv2d(x, x); }", directory)
+
+
+@pytest.mark.parametrize("inside_cache", [False, True])
+def test_builders_see_the_binding_header_read_only(tmp_path, monkeypatch, inside_cache):
+    """Where the cache was put around the header's place, the veil shows it; elsewhere it shows anyway:
+    either way a candidate's builder reads it and cannot write it."""
+    import evaluate_kernel as ek
+    from evaluate_kernel import namespace as eval_namespace
+    problem = eval_namespace.namespace_problem()
+    if problem:
+        pytest.skip(f"no namespace here: {problem}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    headers = Path(bh.default_root())
+    (headers / "key").mkdir(parents=True)
+    (headers / "key" / bh.READY).write_text("ready\n")
+    cache = tmp_path / "xdg" / "pacevolve" if inside_cache else tmp_path / "cache"
+    code = f"""import errno, os
+d = {str(headers / "key")!r}
+try:
+    open(os.path.join(d, "planted.h"), "w").write("#define float double")
+    seen = "written"
+except OSError as e:
+    seen = errno.errorcode.get(e.errno, str(e.errno))
+raise RuntimeError(f"VIEW {{sorted(os.listdir(d)) if os.path.isdir(d) else None}} {{seen}}")
+"""
+    # reversed: this test is about what lies past the static screen
+    probe = f"import builtins\nbuiltins.exec({code[::-1]!r}[::-1])\n\n\nclass ModelNew:\n    pass\n"
+    ref = (Path(__file__).parent / "candidates_cpu" / "reference_small.py").read_text()
+    with ek.Evaluator(ref, device="cpu", cache_dir=str(cache), warm_runners=False) as ev:
+        r = ev.evaluate(probe)
+    assert "VIEW ['READY'] EROFS" in r.message, r.message
+    assert not (headers / "key" / "planted.h").exists()
