@@ -27,14 +27,15 @@ only.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sysconfig
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from . import light_headers
@@ -44,12 +45,12 @@ SOURCE = ("#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n"
 EXTENSION_H = ("// Written by pacevolve (binding_header.py): what load_inline's main.cpp uses to bind kernel functions.\n"
                "#ifndef PACEVOLVE_BINDING_HEADER\n#define PACEVOLVE_BINDING_HEADER\n" + SOURCE + "#endif\n")
 VARIANTS = {"plain": [], "o2": ["-O2"]}   # file in extension.h.gch -> extra flags
-FORMAT = 1                                # of the directory: a change here makes a new one
+FORMAT = 2                                # of the directory: a change here makes a new one
 LEFT_OUT = "operators-left-out"           # the operators this header does not declare, one a line
 INCLUDED = "included"                     # torch's headers it includes, as an #include names them
 READY = "READY"
 MEMBER_OR_STD = re.compile(r"(?:\.|->)\s*\w+|\bstd\s*::\s*\w+")
-CALLED_OR_QUALIFIED = re.compile(r"\b(\w+)\s*[(<]|::\s*(\w+)")
+PARAMETER = re.compile(r"(?<=[\w>*&])(\s+|\s*[*&]+\s*)\w+(?=\s*[,)=])")   # "Tensor norm," "float* t)"
 STANDARD = re.compile(r"\w+(?:\.h)?")   # <vector>, <cmath>, <stdint.h>: the standard library's spelling
 
 
@@ -60,7 +61,14 @@ def default_root() -> str:
 
 
 def usable(cpp_sources: str, directory: str) -> bool:
-    """Whether main.cpp with these cpp_sources may try the binding header in `directory`."""
+    """Whether main.cpp with these cpp_sources may try the binding header in `directory`.
+
+    No operator the header leaves out may be named, in the text as written or with the candidate's own
+    macros expanded and its comments removed (a name pasted by a macro, a call hidden in one, and a
+    function of the candidate's own that shares an operator's name, which torch's declaration would
+    outrank, all show there). Only a parameter's name in a declaration is passed over (norm in
+    ``torch::Tensor f(torch::Tensor norm);``): it names nothing outside its function.
+    """
     if light_headers.needs_torch_types(cpp_sources):
         return False
     try:
@@ -68,21 +76,37 @@ def usable(cpp_sources: str, directory: str) -> bool:
             left_out = set(f.read().split())
         with open(os.path.join(directory, INCLUDED)) as f:
             included = set(f.read().split())
-    except OSError:
+        with open(os.path.join(directory, READY)) as f:
+            command = json.loads(f.readline())
+    except (OSError, ValueError):
         return False
     if not all(name in included or STANDARD.fullmatch(name) for name in light_headers.INCLUDE.findall(cpp_sources)):
         return False
-    # A method (x.size()) is declared with Tensor whatever the operators kept, and std::exp is no operator.
-    # An operator is used by calling it (relu(x), found by ADL) or naming it qualified (at::relu, &at::relu);
-    # a parameter or variable that shares its name (norm, t) uses nothing. A use the scan cannot see (a
-    # macro pasting the name) finds no declaration and fails to compile: torch's header then decides.
-    free = MEMBER_OR_STD.sub(" ", cpp_sources)
-    return not {called or qualified for called, qualified in CALLED_OR_QUALIFIED.findall(free)} & left_out
+    expanded = _expanded(cpp_sources, command[:_compiler_words(command)])
+    return expanded is not None and not (_named(cpp_sources) | _named(expanded)) & left_out
+
+
+def _named(text: str) -> set[str]:
+    """The identifiers of a text but methods (x.relu(): declared with Tensor whatever the operators kept),
+    std:: names and declared parameters (a name between a type and , ) or =)."""
+    text = MEMBER_OR_STD.sub(" ", text)
+    return set(light_headers.IDENTIFIER.findall(PARAMETER.sub(" ", text)))
+
+
+def _expanded(cpp_sources: str, compiler: list[str]) -> str | None:
+    """cpp_sources preprocessed alone (its #include lines left out): its own macros expanded, comments gone."""
+    text = re.sub(r"^[ \t]*#[ \t]*include\b[^\n]*$", "", cpp_sources, flags=re.M)
+    try:
+        proc = subprocess.run([*compiler, "-E", "-P", "-w", "-x", "c++", "-"], input=text, capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600) -> tuple[str, str]:
     """(directory, "") with the binding header ready, else ("", why not). Builds it when this torch and
-    compiler have none yet (tens of seconds, once), under a lock shared by the machine's Evaluators."""
+    compiler have none yet (tens of seconds, once per machine)."""
     command = torch_command(torch_root)
     if command is None:
         return "", "torch's precompiled header is missing or its signature reads otherwise"
@@ -99,12 +123,21 @@ def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600) ->
     directory = os.path.join(root, key)
     if os.path.isfile(os.path.join(directory, READY)):
         return directory, ""
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    with open(os.path.join(root, key + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.isfile(os.path.join(directory, READY)):
-            return directory, ""   # another Evaluator built it meanwhile
-        why = _build(directory, command, texts, timeout_s)
+    # Built aside and renamed into place when complete: no lock (which a candidate could hold, the files
+    # being visible to it), and two Evaluators preparing at once each build, and one directory stays.
+    os.makedirs(root, mode=0o755, exist_ok=True)
+    aside = tempfile.mkdtemp(prefix=f".{key}.", dir=root)
+    try:
+        why = _build(aside, command, texts, timeout_s)
+        if not why:
+            os.chmod(aside, 0o755)
+            try:
+                os.rename(aside, directory)
+            except OSError:   # another Evaluator's came first
+                if not os.path.isfile(os.path.join(directory, READY)):
+                    why = "another preparation left the directory unfinished"
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
     return (directory, "") if not why else ("", why)
 
 
@@ -137,7 +170,6 @@ def _compiler_words(command: list[str]) -> int:
 
 def _texts() -> dict[str, str] | None:
     """The directory's headers (light_headers.py's, for SOURCE) and the operators left out, by relative path."""
-    import tempfile
     torch_dirs = light_headers.torch_include_dirs()
     if not torch_dirs:
         return None
@@ -159,9 +191,7 @@ def _texts() -> dict[str, str] | None:
 
 
 def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s: float) -> str:
-    """Write the headers into `directory` and precompile them; "" on success, else why not (then removed)."""
-    import shutil
-    shutil.rmtree(directory, ignore_errors=True)   # a build that died half way
+    """Write the headers into `directory` and precompile them; "" on success, else why not."""
     for name, text in texts.items():
         path = os.path.join(directory, name)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -170,8 +200,12 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
     header = os.path.join(directory, "torch", "extension.h")
     os.makedirs(header + ".gch", mode=0o755)
 
+    # This directory first, as on main.cpp's path (where torch's come after, as -isystem): what is
+    # precompiled is what a compile that cannot use the precompiled form parses.
+    own_first = [*command[:_compiler_words(command)], "-I", directory, *command[_compiler_words(command):]]
+
     def precompile(variant: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*command, "-I", directory, *VARIANTS[variant], "-x", "c++-header", header, "-o",
+        return subprocess.run([*own_first, *VARIANTS[variant], "-x", "c++-header", header, "-o",
                                os.path.join(header + ".gch", variant)],
                               capture_output=True, text=True, timeout=timeout_s)
     try:
@@ -183,7 +217,7 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
                                                     if r.returncode), "")
     if not failed:
         # What the header includes, as an #include in cpp_sources would name it: such an include adds nothing.
-        deps = subprocess.run([*command, "-I", directory, "-M", "-x", "c++", header], capture_output=True, text=True)
+        deps = subprocess.run([*own_first, "-M", "-x", "c++", header], capture_output=True, text=True)
         failed = "" if deps.returncode == 0 else deps.stderr.strip()[-300:] or "listing its includes failed"
         dirs = [directory] + [command[i + 1] for i, a in enumerate(command[:-1]) if a == "-I"]
         names = {os.path.relpath(path, d) for path in deps.stdout.replace("\\\n", " ").split()[1:] for d in dirs
@@ -191,7 +225,6 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
         with open(os.path.join(directory, INCLUDED), "w") as f:
             f.write("".join(f"{name}\n" for name in sorted(names)))
     if failed:
-        shutil.rmtree(directory, ignore_errors=True)
         return f"precompiling failed: {failed}"
     with open(os.path.join(directory, READY), "w") as f:
         f.write(json.dumps(command) + "\n")

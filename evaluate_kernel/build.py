@@ -139,8 +139,9 @@ def _install_build_defaults(cfg: dict) -> dict:
         try:
             cu = _cu_text(bound["cuda_sources"]) if bound and bound.get("cuda_sources") and cfg.get("light_headers") \
                 else ""
+            # A runner rebuilds as its builder built (the markers say how), whatever its own options say.
             module = _build_light(ce, original, args, kw, cfg, name, build_dir, record, cu, binding) \
-                if cu or binding else original(*args, **kw)
+                if cu or binding or cfg.get("prebuilt") else original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
             if cfg.get("prebuilt"):   # a runner, which may not start a compiler (torch then says ninja is missing)
@@ -183,7 +184,7 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
     if not isinstance(versions, dict):
         return original(*args, **kw)  # without resetting torch's versioner a second build would be renamed
     if cfg.get("prebuilt"):
-        light_dir, binding = _read(markers["cu"]), _read(markers["binding"])
+        light_dir, binding = (_read(markers["cu"]), _read(markers["binding"])) if build_dir else ("", "")
         if not light_dir and not binding:
             return original(*args, **kw)
     elif source:

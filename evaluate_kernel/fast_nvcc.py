@@ -180,7 +180,9 @@ def _listing_dependencies(plan: Plan, dep_args: list[str], scratch: str) -> list
     """Ask the host's and the device's preprocessing (gcc -E, the first step of each chain) to list the
     files they read (-MD, or -MMD for -MM); returns the lists' paths, device first, or None when the plan
     is not that shape. nvcc -M runs the same two preprocessings and merges their lists in that order, so
-    the merged file is nvcc's own, byte for byte (tested against the real nvcc), without running them twice."""
+    the merged file lists nvcc's files in nvcc's order without running them twice: byte for byte nvcc's
+    own for ordinary names (tested against the real nvcc); a name holding $, # or a backslash keeps gcc's
+    escapes, which ninja reads, where nvcc writes it raw."""
     mode, target = dep_args[0], dep_args[2]
     steps = [plan.host[0] if plan.host else "", *[c for c in plan.device if "-E" in shlex.split(c)]]
     if len(steps) != 2 or "-E" not in shlex.split(steps[0]) or plan.device[0] != steps[1]:
@@ -198,8 +200,10 @@ def _write_dependencies(path: str, target: str, lists: list[str]) -> None:
     for name in lists:
         with open(name) as f:
             text = f.read().replace("\\\n", " ")
-        # a space inside a name is written as a backslash and the space: names are kept as gcc wrote them
-        files.update(dict.fromkeys(re.findall(r"(?:\\.|[^\s\\])+", text.partition(": ")[2])))
+        # the rule's target is written as given (-MT), whatever it holds; a space inside a name is written
+        # as a backslash and the space: names are kept as gcc wrote them
+        rest = text[len(target) + 1:] if text.startswith(target + ":") else text.partition(": ")[2]
+        files.update(dict.fromkeys(re.findall(r"(?:\\.|[^\s\\])+", rest)))
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(f"{target} : " + " \\\n    ".join(files) + "\n")

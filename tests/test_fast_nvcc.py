@@ -276,3 +276,12 @@ def test_real_nvcc_errors_read_as_nvcc_s(tmp_path, code, fragment):
     assert ref.returncode != 0 and fast.returncode != 0
     assert fragment in ref.stdout + ref.stderr and fragment in fast.stdout + fast.stderr
     assert not (tmp_path / "bad.o").exists()
+
+
+def test_dependency_lists_merge_whatever_the_target_holds(tmp_path):
+    target = "out dir/x: y.o"
+    (tmp_path / "device.d").write_text(f"{target}: x.cu /a/b\\ c.h \\\n /a/d$$e.h\n")
+    (tmp_path / "host.d").write_text(f"{target}: x.cu /a/f\\#g.h /a/b\\ c.h\n")
+    fast_nvcc._write_dependencies(str(tmp_path / "x.d"), target, [str(tmp_path / "device.d"), str(tmp_path / "host.d")])
+    assert (tmp_path / "x.d").read_text() == (f"{target} : x.cu \\\n    /a/b\\ c.h \\\n    /a/d$$e.h \\\n"
+                                              "    /a/f\\#g.h\n")
