@@ -18,9 +18,9 @@ module writes a directory that goes first on the .cu file's include path and rep
 
 * ``thrust/complex.h``, which c10's complex type includes in a .cu file for its conversions to and from
   thrust's and for its device math, is replaced by declarations alone when the source never writes
-  "complex" or "thrust" (in any case): every name torch's headers use from it is declared, as an
-  incomplete class template or a deleted function, so the headers parse and any use of them fails to
-  compile. It and the parts of CUDA's C++ library it pulls in were about a fifth of each front end's time
+  "complex" or "thrust" (in any case) and no other torch header it reaches uses thrust: every name the
+  complex headers use from it is declared, as an incomplete class template or a deleted function, so
+  the headers parse and any use of them fails to compile. It and the parts of CUDA's C++ library it pulls in were about a fifth of each front end's time
   on an H200 machine.
 
 A name's header declares all of that name's overloads. A call therefore resolves as it would with
@@ -50,6 +50,7 @@ ALL_OPERATORS = {"ATen/Functions.h": "", "ATen/NativeFunctions.h": "_native"}  #
 NEEDS_TORCH_TYPES = re.compile(r"requires_grad|autograd|\btensor\s*\(|TORCH_LIBRARY|\bLibrary\b")
 NAMES_COMPLEX = re.compile(r"complex|thrust", re.I)  # a source naming these keeps thrust/complex.h
 THRUST_NAME = re.compile(r"\bthrust\s*::\s*(\w+)(\s*<)?")
+THRUST_USE = re.compile(r"\bthrust\s*::|^[ \t]*#[ \t]*include[ \t]*[<\"]thrust/", re.M)
 
 
 def torch_include_dirs() -> list[str]:
@@ -157,9 +158,13 @@ def write(out_dir: str, source: str, extra_include_dirs: list[str] | None = None
         for header, suffix in ALL_OPERATORS.items():
             if everything[header] is not None:
                 replaced[header] = only_operators(everything[header], names, suffix)
-    # The candidate's own header directories are not searched for the words: with any, thrust stays.
-    declare = not extra_include_dirs and not NAMES_COMPLEX.search(source)
-    stub = thrust_declarations(reached.values()) if declare else None
+    # The candidate's own header directories are not searched for the words: with any, thrust stays. So
+    # it does when a torch header beyond c10's complex type uses thrust (ATen/native's pair and tuple):
+    # its own thrust headers would meet the declarations.
+    complex_family = {name: text for name, text in reached.items() if "complex" in os.path.basename(name)}
+    elsewhere = any(THRUST_USE.search(text) for name, text in reached.items() if name not in complex_family)
+    declare = not extra_include_dirs and not NAMES_COMPLEX.search(source) and not elsewhere
+    stub = thrust_declarations(complex_family.values()) if declare else None
     if stub is not None:
         replaced["thrust/complex.h"] = stub
     for name, text in replaced.items():

@@ -125,6 +125,13 @@ def test_thrust_is_declared_only_when_the_source_never_names_complex_numbers(tmp
         out = tmp_path / f"kept{len(source)}"
         info = lh.write(str(out), source, extra, torch_dirs=dirs)
         assert info["thrust"] == "kept" and not (out / "thrust").exists()
+    # a torch header beyond the complex type that uses thrust (its own pair): thrust stays
+    (Path(dirs[0]) / "ATen/native").mkdir(parents=True)
+    (Path(dirs[0]) / "ATen/native/SharedReduceOps.h").write_text(
+        "#include <thrust/pair.h>\ntemplate <class A, class B> using pair = thrust::pair<A, B>;\n")
+    source = "#include <torch/types.h>\n#include <ATen/native/SharedReduceOps.h>\n"
+    assert lh.write(str(tmp_path / "native"), source, None, torch_dirs=dirs)["thrust"] == "kept"
+    assert lh.write(str(tmp_path / "plain"), "#include <torch/types.h>\n", None, torch_dirs=dirs)["thrust"] == "declared"
 
 
 # ------------------------------------------------------------------------------ with the installed torch
