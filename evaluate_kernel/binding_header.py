@@ -16,7 +16,8 @@ main.cpp's include path replaces it:
   change the header's meaning take none, and the header's text is parsed instead). Both are built with the
   flags torch precompiles its own header with, read back from torch's signature of that header.
 
-main.o of a CUDA candidate then took 3.8-4.1 s instead of about 10 on an H200 machine (BENCHMARKS.md).
+main.cpp of a CUDA candidate then compiles in 3.0 s instead of 7.0 on the development VM, and at -O3 in
+4.6 s instead of 22.7 (BENCHMARKS.md, session 30, with the H200 machine's figures).
 
 A build uses it when cpp_sources includes nothing but the standard library and torch headers this one
 includes already, calls or qualifies no operator it leaves out (``usable``), and needs none of torch's
@@ -44,8 +45,12 @@ SOURCE = ("#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n"
           "#include <torch/csrc/Exceptions.h>\n")
 EXTENSION_H = ("// Written by pacevolve (binding_header.py): what load_inline's main.cpp uses to bind kernel functions.\n"
                "#ifndef PACEVOLVE_BINDING_HEADER\n#define PACEVOLVE_BINDING_HEADER\n" + SOURCE + "#endif\n")
-VARIANTS = {"plain": [], "o2": ["-O2"]}   # file in extension.h.gch -> extra flags
-FORMAT = 2                                # of the directory: a change here makes a new one
+# The two headers this module prepares -> their precompiled forms (a file in extension.h.gch -> its flags).
+KINDS = {"binding": {"plain": [], "o2": ["-O2"]}, "optimised": {"o2": ["-O2"]}}
+OPTIMISED_H = ("// Written by pacevolve (binding_header.py): torch's own extension.h, precompiled here at -O2.\n"
+               "#ifndef PACEVOLVE_OPTIMISED_HEADER\n#define PACEVOLVE_OPTIMISED_HEADER\n#include \"{header}\"\n#endif\n")
+OPTIMISING = re.compile(r"^-O[123]$")     # the flags the -O2 forms serve
+FORMAT = 3                                # of the directory: a change here makes a new one
 LEFT_OUT = "operators-left-out"           # the operators this header does not declare, one a line
 INCLUDED = "included"                     # torch's headers it includes, as an #include names them
 READY = "READY"
@@ -104,20 +109,26 @@ def _expanded(cpp_sources: str, compiler: list[str]) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600) -> tuple[str, str]:
-    """(directory, "") with the binding header ready, else ("", why not). Builds it when this torch and
-    compiler have none yet (tens of seconds, once per machine)."""
+def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
+            kind: str = "binding") -> tuple[str, str]:
+    """(directory, "") with the header ready, else ("", why not). Builds it when this torch and compiler
+    have none yet (tens of seconds, once per machine). kind "binding" is the header described above;
+    "optimised" is torch's own extension.h precompiled at -O2, for a main.cpp that cannot use the binding
+    header and asks for -O1 to -O3 (torch's precompiled header serves no -O: such a main.cpp parsed all of
+    torch's headers, 22.7 s against 10.5 s with this one on the development VM)."""
     command = torch_command(torch_root)
     if command is None:
         return "", "torch's precompiled header is missing or its signature reads otherwise"
-    texts = _texts()
+    texts = _texts() if kind == "binding" else {
+        os.path.join("torch", "extension.h"): OPTIMISED_H.format(
+            header=os.path.join(torch_root, "include", "torch", "extension.h"))}
     if texts is None:
         return "", "torch's headers were not found"
     version = subprocess.run([*command[:_compiler_words(command)], "--version"], capture_output=True,
                              text=True).stdout
     with open(os.path.join(torch_root, "version.py"), "rb") as f:
         torch_version = f.read().decode(errors="replace")
-    key = hashlib.sha256(json.dumps([FORMAT, command, texts, version, torch_version, VARIANTS],
+    key = hashlib.sha256(json.dumps([FORMAT, kind, command, texts, version, torch_version, KINDS[kind]],
                                     sort_keys=True).encode()).hexdigest()[:16]
     root = root or default_root()
     directory = os.path.join(root, key)
@@ -128,7 +139,7 @@ def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600) ->
     os.makedirs(root, mode=0o755, exist_ok=True)
     aside = tempfile.mkdtemp(prefix=f".{key}.", dir=root)
     try:
-        why = _build(aside, command, texts, timeout_s)
+        why = _build(aside, command, texts, timeout_s, KINDS[kind], listing=kind == "binding")
         if not why:
             os.chmod(aside, 0o755)
             try:
@@ -190,8 +201,10 @@ def _texts() -> dict[str, str] | None:
     return texts
 
 
-def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s: float) -> str:
-    """Write the headers into `directory` and precompile them; "" on success, else why not."""
+def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s: float,
+           variants: dict[str, list[str]], listing: bool) -> str:
+    """Write the headers into `directory` and precompile them (with `listing`, list what they include);
+    "" on success, else why not."""
     for name, text in texts.items():
         path = os.path.join(directory, name)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -205,17 +218,17 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
     own_first = [*command[:_compiler_words(command)], "-I", directory, *command[_compiler_words(command):]]
 
     def precompile(variant: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*own_first, *VARIANTS[variant], "-x", "c++-header", header, "-o",
+        return subprocess.run([*own_first, *variants[variant], "-x", "c++-header", header, "-o",
                                os.path.join(header + ".gch", variant)],
                               capture_output=True, text=True, timeout=timeout_s)
     try:
-        with ThreadPoolExecutor(len(VARIANTS)) as pool:
-            runs = list(pool.map(precompile, VARIANTS))
+        with ThreadPoolExecutor(len(variants)) as pool:
+            runs = list(pool.map(precompile, variants))
     except subprocess.TimeoutExpired:
         runs = None
     failed = "timed out" if runs is None else next((r.stderr.strip()[-300:] or "failed" for r in runs
                                                     if r.returncode), "")
-    if not failed:
+    if not failed and listing:
         # What the header includes, as an #include in cpp_sources would name it: such an include adds nothing.
         deps = subprocess.run([*own_first, "-M", "-x", "c++", header], capture_output=True, text=True)
         failed = "" if deps.returncode == 0 else deps.stderr.strip()[-300:] or "listing its includes failed"

@@ -129,9 +129,8 @@ def _install_build_defaults(cfg: dict) -> dict:
                 kw["use_pch"] = True
             except Exception as e:   # torch's install dir is read-only in the namespace: build without it
                 record["pch"] = f"not used: {type(e).__name__}"
-        binding = cfg.get("binding", "") if pch_ok and bound and not kw.get("extra_include_paths") else ""
-        if binding and not _binding_usable(bound.get("cpp_sources"), binding):
-            binding = ""
+        header = _main_header(cfg, bound, user_cflags, record) \
+            if pch_ok and bound and not kw.get("extra_include_paths") else ""
         if cfg.get("nvcc") and "PYTORCH_NVCC" not in os.environ and getattr(ce, "CUDA_HOME", None):
             # fast_nvcc.py: nvcc's own steps, with the host and device front ends side by side.
             os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
@@ -140,8 +139,8 @@ def _install_build_defaults(cfg: dict) -> dict:
             cu = _cu_text(bound["cuda_sources"]) if bound and bound.get("cuda_sources") and cfg.get("light_headers") \
                 else ""
             # A runner rebuilds as its builder built (the markers say how), whatever its own options say.
-            module = _build_light(ce, original, args, kw, cfg, name, build_dir, record, cu, binding) \
-                if cu or binding or cfg.get("prebuilt") else original(*args, **kw)
+            module = _build_light(ce, original, args, kw, cfg, name, build_dir, record, cu, header) \
+                if cu or header or cfg.get("prebuilt") else original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
             if cfg.get("prebuilt"):   # a runner, which may not start a compiler (torch then says ninja is missing)
@@ -171,8 +170,8 @@ FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again wi
 def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict, source: str,
                  binding: str):
     """load_inline with light headers: light_headers.py's directory first on the .cu include path (for a
-    .cu `source`) and the binding header's first on main.cpp's (`binding`); if that fails, the call as
-    written.
+    .cu `source`) and a header directory of binding_header.py's first on main.cpp's (`binding`: the binding
+    header, or torch's at -O2); if that fails, the call as written.
 
     The .cu's directory is written into the build directory for this source. The builder leaves markers
     naming both, so a runner that must rebuild (rare: the library is normally imported as built) uses the
@@ -221,17 +220,28 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
                     f.write(value)
     if light_dir:
         record["headers"] = "light"
-    record["binding"] = bool(binding)
+    record["binding"] = bool(binding) and binding == cfg.get("binding")
+    record["optimised"] = bool(binding) and binding == cfg.get("optimised")
     return module
 
 
-def _binding_usable(cpp_sources, directory: str) -> bool:
+def _main_header(cfg: dict, bound: dict, user_cflags: list, record: dict) -> str:
+    """The directory of binding_header.py's to put first on main.cpp's path, or "": the binding header
+    where the cpp_sources may use it, else torch's own at -O2 for a build asking for -O1 to -O3 (the
+    parent is told to prepare it where it is not ready yet)."""
     try:
         from . import binding_header
     except ImportError:
-        return False
-    sources = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
-    return binding_header.usable("\n".join(sources), directory)
+        return ""
+    sources = bound.get("cpp_sources")
+    text = "\n".join([sources] if isinstance(sources, str) else list(sources or []))
+    if cfg.get("binding") and binding_header.usable(text, cfg["binding"]):
+        return cfg["binding"]
+    if any(binding_header.OPTIMISING.match(str(flag)) for flag in user_cflags):
+        if not cfg.get("optimised"):
+            record["wants_optimised"] = True
+        return cfg.get("optimised") or ""
+    return ""
 
 
 def _cu_text(cuda_sources) -> str:

@@ -51,6 +51,7 @@ class Builds:
         self._spare: Worker | None = None
         self._pch: Future | None = None
         self._binding: Future | None = None   # binding_header.py's directory, or "" (never waited for)
+        self._optimised: Future | None = None   # the same for torch's header at -O2, once a build wanted it
         self.binding_note = ""   # why there is none, when there is none
 
     # ---------------------------------------------------------------- the flow
@@ -145,6 +146,11 @@ class Builds:
                 details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
             if isinstance(msg.get("binding"), bool):
                 details["binding_header"] = msg["binding"]  # main.cpp built with binding_header.py's
+            if isinstance(msg.get("optimised"), bool):
+                details["optimised_header"] = msg["optimised"]  # or with torch's, precompiled at -O2
+            if msg.get("wants_optimised") is True:
+                # Candidate code could claim this: it costs one preparation (a minute, once per machine).
+                self.want_optimised()
             if msg.get("kind") not in ("built", "compile_error"):
                 return EvalResult("rejected", message=f"rejected: the build process answered "
                                   f"{str(msg.get('kind'))[:40]!r}, not a build result (forged result)", details=details)
@@ -171,7 +177,7 @@ class Builds:
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.ev.opts.use_pch and _pch_writable(),
                 "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
                 "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc,
-                "binding": self.binding_header()}
+                "binding": self.binding_header(), "optimised": self.optimised_header()}
 
     def extension_env(self, h: str, build_dir: str | None = None) -> dict[str, str]:
         """A runner's (or, with build_dir, a builder's) settings for load_inline. The runner finds the build
@@ -188,23 +194,27 @@ class Builds:
         # A CPU candidate's main.cpp holds all its code, which nearly always names an operator the binding
         # header leaves out: the header (a minute of a 2-core machine, 1 GB) is prepared for GPUs only.
         if self.ev.opts.light_headers and self.ev.device == "cuda":
-            self._binding = pool.submit(self.prepare_binding)
+            self._binding = pool.submit(self.prepare_main_header, "binding")
         return self._pch
 
     def binding_header(self, wait: bool = False) -> str:
         """The binding header's directory if it is ready (with wait, once its preparation ends), else ""."""
-        future = self._binding
-        if future is None or not (wait or future.done()):
-            return ""
-        try:
-            return future.result()
-        except Exception as e:   # noqa: BLE001 - no header is never an evaluation's failure
-            self.binding_note = f"not prepared: {type(e).__name__}: {e}"
-            return ""
+        return self._ready(self._binding, wait)
 
-    def prepare_binding(self) -> str:
-        """binding_header.py's directory, made ready outside the namespace once torch's header is (builds
-        use it from then on and never wait for it; the first on a machine takes tens of seconds), or ""."""
+    def optimised_header(self, wait: bool = False) -> str:
+        """The same for torch's extension.h precompiled at -O2 (binding_header.py), prepared from the first
+        build that asked for -O1 to -O3 and could not use the binding header."""
+        return self._ready(self._optimised, wait)
+
+    def want_optimised(self) -> None:
+        with self._lock:
+            if self._optimised is None and self._pch is not None and self.ev.opts.light_headers:
+                self._optimised = self.ev.helpers.submit(self.prepare_main_header, "optimised")
+
+    def prepare_main_header(self, kind: str) -> str:
+        """One of binding_header.py's directories (kind "binding" or "optimised"), made ready outside the
+        namespace once torch's header is (builds use it from then on and never wait for it; the first on a
+        machine takes tens of seconds), or ""."""
         if self._pch is None or self._pch.result() != "ready":
             return ""
         import importlib.util
@@ -214,13 +224,13 @@ class Builds:
         script = ("import json, os, sys; cpus = [int(c) for c in sys.argv[3].split(',') if c]; "
                   "cpus and os.sched_setaffinity(0, cpus); sys.path.append(sys.argv[1]); "
                   "from evaluate_kernel import binding_header; "
-                  "print(json.dumps(binding_header.prepare(sys.argv[2], sys.argv[4])))")
+                  "print(json.dumps(binding_header.prepare(sys.argv[2], sys.argv[4], kind=sys.argv[5])))")
         cpus = ",".join(str(c) for c in (self.ev.other_cpus or []))
         proc = None
         try:
             # The machine's place, as this process sees it: a worker's environment has caches of its own.
             proc = subprocess.run([sys.executable, "-c", script, self._code_dir, os.path.dirname(spec.origin), cpus,
-                                   binding_header.default_root()],
+                                   binding_header.default_root(), kind],
                                   env=self.ev.env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
                                   timeout=self.ev.opts.build_timeout_s)
             directory, why = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -229,6 +239,15 @@ class Builds:
             return ""
         self.binding_note = why
         return directory
+
+    def _ready(self, future: Future | None, wait: bool) -> str:
+        if future is None or not (wait or future.done()):
+            return ""
+        try:
+            return future.result()
+        except Exception as e:   # noqa: BLE001 - no header is never an evaluation's failure
+            self.binding_note = f"not prepared: {type(e).__name__}: {e}"
+            return ""
 
     def prepare_pch(self) -> str:
         """Builds torch's precompiled extension.h outside the namespace (builders only find it there)."""

@@ -154,3 +154,44 @@ raise RuntimeError(f"VIEW {{sorted(os.listdir(d)) if os.path.isdir(d) else None}
         r = ev.evaluate(probe)
     assert "VIEW ['READY'] EROFS" in r.message, r.message
     assert not (headers / "key" / "planted.h").exists()
+
+
+def test_main_cpp_takes_the_binding_header_else_torch_s_at_o2_when_it_asks_for_optimisation(tmp_path):
+    from evaluate_kernel import build
+    d = fake_dir(tmp_path)
+    calls = "torch::Tensor f(torch::Tensor x) { return at::conv2d(x, x); }"
+    for cpp, flags, optimised, want, wants in [
+            (DECLARATION, [], "", d, False),
+            (DECLARATION, ["-O3", "-march=native"], "/o2", d, False),  # the binding header first
+            (calls, ["-O3"], "", "", True),                             # not ready: the parent is told
+            (calls, ["-Wall", "-O2"], "/o2", "/o2", False),
+            (calls, ["-march=native"], "/o2", "", False),               # no -O: torch's own header
+            (calls, [], "/o2", "", False)]:
+        record: dict = {}
+        got = build._main_header({"binding": d, "optimised": optimised}, {"cpp_sources": [cpp]}, flags, record)
+        assert (got, record.get("wants_optimised", False)) == (want, wants), (cpp, flags)
+
+
+@pytest.mark.slow
+def test_a_cpu_build_asking_for_o2_gets_torch_s_header_precompiled_at_o2_after_the_first(tmp_path):
+    """The first C++ candidate with -O2 builds as before and has the parent prepare torch's header at -O2;
+    the next one compiles with it."""
+    import time
+    import evaluate_kernel as ek
+    from evaluate_kernel import namespace as eval_namespace
+    if eval_namespace.namespace_problem():
+        pytest.skip("no namespace here")
+    here = Path(__file__).parent
+    ref = (here / "candidates_cpu" / "reference_small.py").read_text()
+    cand = (here / "candidates_cpu" / "honest_cpp.py").read_text().replace(
+        'functions=["fused_tail"])', 'functions=["fused_tail"], extra_cflags=["-O2"])')
+    assert 'extra_cflags=["-O2"]' in cand
+    with ek.Evaluator(ref, device="cpu", cache_dir=str(tmp_path / "cache"), warm_runners=False) as ev:
+        first = ev.evaluate(cand)
+        assert first.status == "ok" and not first.details.get("optimised_header"), first.details
+        t0 = time.monotonic()
+        assert ev.builds.optimised_header(wait=True), ev.builds.binding_note
+        prepared_s = time.monotonic() - t0
+        second = ev.evaluate(cand.replace('name="fused_tail_cpp"', 'name="fused_tail_cpp_2"'))
+    assert second.status == "ok" and second.details["optimised_header"] is True, second.details
+    print("compile_s", first.details["compile_s"], "->", second.details["compile_s"], "prepared", round(prepared_s, 1))
