@@ -19,12 +19,16 @@ main.cpp's include path replaces it:
 main.cpp of a CUDA candidate then compiles in 3.0 s instead of 7.0 on the development VM, and at -O3 in
 4.6 s instead of 22.7 (BENCHMARKS.md, session 30, with the H200 machine's figures).
 
-A build uses it when cpp_sources includes nothing but the standard library and torch headers this one
-includes already, calls or qualifies no operator it leaves out (``usable``), and needs none of torch's
-own factories (light_headers.needs_torch_types). A name it lacks fails to compile rather than bind to something
-else, and the build is then made again with torch's header (build.py). GPU Evaluators build the directory
-once per machine, torch and compiler, outside the namespace; builders see it read-only. Standard library
-only.
+A build uses it only when its cpp_sources declare functions and do nothing else (``usable``): a
+declaration means the same with either header, while a function body, a macro or a conditional may not
+(a call finds functions by argument-dependent lookup among the declarations left out). Before it is used,
+the headers torch's extension.h reaches and this one does not are checked for pybind11 type casters (an
+argument would convert otherwise): none may be there. GPU Evaluators build the directory once per
+machine, torch and compiler, outside the namespace; builders see it read-only.
+
+The same machinery precompiles torch's own extension.h at -O2 (``prepare(kind="optimised")``) for a main.cpp
+that cannot use the binding header and asks for -O1 to -O3, which torch's precompiled header never serves;
+an Evaluator prepares it after the first build that wanted it. Standard library only.
 """
 from __future__ import annotations
 
@@ -43,20 +47,21 @@ from . import light_headers
 
 SOURCE = ("#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n"
           "#include <torch/csrc/Exceptions.h>\n")
-EXTENSION_H = ("// Written by pacevolve (binding_header.py): what load_inline's main.cpp uses to bind kernel functions.\n"
-               "#ifndef PACEVOLVE_BINDING_HEADER\n#define PACEVOLVE_BINDING_HEADER\n" + SOURCE + "#endif\n")
+# No include guard of their own (the headers they include have theirs): no macro tells a source which it got.
+EXTENSION_H = "// Written by pacevolve (binding_header.py): what load_inline's main.cpp uses.\n" + SOURCE
 # The two headers this module prepares -> their precompiled forms (a file in extension.h.gch -> its flags).
 KINDS = {"binding": {"plain": [], "o2": ["-O2"]}, "optimised": {"o2": ["-O2"]}}
-OPTIMISED_H = ("// Written by pacevolve (binding_header.py): torch's own extension.h, precompiled here at -O2.\n"
-               "#ifndef PACEVOLVE_OPTIMISED_HEADER\n#define PACEVOLVE_OPTIMISED_HEADER\n#include \"{header}\"\n#endif\n")
+OPTIMISED_H = "// Written by pacevolve (binding_header.py): torch's own, precompiled here at -O2.\n#include \"{header}\"\n"
 OPTIMISING = re.compile(r"^-O[123]$")     # the flags the -O2 forms serve
-FORMAT = 3                                # of the directory: a change here makes a new one
-LEFT_OUT = "operators-left-out"           # the operators this header does not declare, one a line
-INCLUDED = "included"                     # torch's headers it includes, as an #include names them
+FORMAT = 4                                # of the directory: a change here makes a new one
 READY = "READY"
-MEMBER_OR_STD = re.compile(r"(?:\.|->)\s*\w+|\bstd\s*::\s*\w+")
-PARAMETER = re.compile(r"(?<=[\w>*&])(\s+|\s*[*&]+\s*)\w+(?=\s*[,)=])")   # "Tensor norm," "float* t)"
-STANDARD = re.compile(r"\w+(?:\.h)?")   # <vector>, <cmath>, <stdint.h>: the standard library's spelling
+ALLOWED_INCLUDE = re.compile(r"torch/(?:extension|types)\.h|\w+(?:\.h)?")   # its own, the standard library's
+DECLARATION = re.compile(r"\s*[\w:<>,\s*&]+?\b\w+\s*\([\w:<>,\s*&]*\)\s*")   # type name(params)
+NOT_IN_A_DECLARATION = {"template", "typename", "using", "namespace", "typedef", "extern", "static", "inline",
+                        "operator", "decltype", "struct", "class", "union", "enum", "friend", "constexpr",
+                        "consteval", "constinit", "auto", "sizeof", "alignof", "noexcept", "throw", "requires",
+                        "concept", "register", "thread_local", "volatile", "asm", "mutable", "explicit",
+                        "virtual", "typeid", "alignas", "_Pragma"}
 
 
 def default_root() -> str:
@@ -65,48 +70,36 @@ def default_root() -> str:
     return os.path.join(base, "pacevolve", "headers")
 
 
-def usable(cpp_sources: str, directory: str) -> bool:
-    """Whether main.cpp with these cpp_sources may try the binding header in `directory`.
+def usable(cpp_sources: str, directory: str, flags: list[str] | None = None) -> bool:
+    """Whether main.cpp with these cpp_sources (and the build's extra_cflags) may use the binding header in
+    `directory`: only when cpp_sources declare functions and do nothing else, besides including
+    torch/extension.h, torch/types.h or the standard library.
 
-    No operator the header leaves out may be named, in the text as written or with the candidate's own
-    macros expanded and its comments removed (a name pasted by a macro, a call hidden in one, and a
-    function of the candidate's own that shares an operator's name, which torch's declaration would
-    outrank, all show there). Only a parameter's name in a declaration is passed over (norm in
-    ``torch::Tensor f(torch::Tensor norm);``): it names nothing outside its function.
+    A declaration means the same with either header: the types it names are the same entities (the binding
+    header's files are torch's, or torch's with declarations left out), a name only torch's declares fails
+    to compile here (the build is then made with torch's), and no call, macro or conditional is left whose
+    outcome could depend on what else the headers declare or define. A function body can: a call finds
+    functions by argument-dependent lookup in the headers left out, a macro or #if can test what is
+    defined, and a -D flag can supply a name no scan of the text sees (BENCHMARKS.md, session 30).
     """
-    if light_headers.needs_torch_types(cpp_sources):
+    if not os.path.isfile(os.path.join(directory, READY)) or \
+            any(light_headers.INJECTING.match(str(flag)) for flag in flags or []):
         return False
-    try:
-        with open(os.path.join(directory, LEFT_OUT)) as f:
-            left_out = set(f.read().split())
-        with open(os.path.join(directory, INCLUDED)) as f:
-            included = set(f.read().split())
-        with open(os.path.join(directory, READY)) as f:
-            command = json.loads(f.readline())
-    except (OSError, ValueError):
+    if re.search(r"[\"'\\?]", cpp_sources):   # no literal, splice or trigraph to lex around
         return False
-    if not all(name in included or STANDARD.fullmatch(name) for name in light_headers.INCLUDE.findall(cpp_sources)):
-        return False
-    expanded = _expanded(cpp_sources, command[:_compiler_words(command)])
-    return expanded is not None and not (_named(cpp_sources) | _named(expanded)) & left_out
-
-
-def _named(text: str) -> set[str]:
-    """The identifiers of a text but methods (x.relu(): declared with Tensor whatever the operators kept),
-    std:: names and declared parameters (a name between a type and , ) or =)."""
-    text = MEMBER_OR_STD.sub(" ", text)
-    return set(light_headers.IDENTIFIER.findall(PARAMETER.sub(" ", text)))
-
-
-def _expanded(cpp_sources: str, compiler: list[str]) -> str | None:
-    """cpp_sources preprocessed alone (its #include lines left out): its own macros expanded, comments gone."""
-    text = re.sub(r"^[ \t]*#[ \t]*include\b[^\n]*$", "", cpp_sources, flags=re.M)
-    try:
-        proc = subprocess.run([*compiler, "-E", "-P", "-w", "-x", "c++", "-"], input=text, capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    text = re.sub(r"/\*.*?\*/", " ", cpp_sources, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    lines = []
+    for line in text.splitlines():
+        directive = re.match(r"\s*#\s*(\w*)\s*(.*?)\s*$", line)
+        if directive is None:
+            lines.append(line)
+        elif directive.group(1) != "include" or not re.fullmatch(r"<([^<>]+)>", directive.group(2)) \
+                or not ALLOWED_INCLUDE.fullmatch(directive.group(2)[1:-1]):
+            return False
+    *declarations, rest = " ".join(lines).split(";")
+    return not rest.strip() and all(DECLARATION.fullmatch(d) and not NOT_IN_A_DECLARATION
+                                    & set(light_headers.IDENTIFIER.findall(d)) for d in declarations)
 
 
 def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
@@ -180,7 +173,7 @@ def _compiler_words(command: list[str]) -> int:
 
 
 def _texts() -> dict[str, str] | None:
-    """The directory's headers (light_headers.py's, for SOURCE) and the operators left out, by relative path."""
+    """The directory's headers (light_headers.py's, for SOURCE), by relative path."""
     torch_dirs = light_headers.torch_include_dirs()
     if not torch_dirs:
         return None
@@ -194,17 +187,13 @@ def _texts() -> dict[str, str] | None:
                     texts[os.path.relpath(path, tmp)] = f.read()
     texts.pop(os.path.join("thrust", "complex.h"), None)   # a .cu file's; main.cpp is C++
     texts[os.path.join("torch", "extension.h")] = EXTENSION_H
-    with open(os.path.join(torch_dirs[0], "ATen", "Functions.h")) as f:
-        every = set(re.findall(light_headers.OPERATOR_INCLUDE.format(suffix=""), f.read()))
-    kept = set(re.findall(light_headers.OPERATOR_INCLUDE.format(suffix=""), texts.get("ATen/Functions.h", "")))
-    texts[LEFT_OUT] = "".join(f"{name}\n" for name in sorted(every - kept))
     return texts
 
 
 def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s: float,
            variants: dict[str, list[str]], listing: bool) -> str:
-    """Write the headers into `directory` and precompile them (with `listing`, list what they include);
-    "" on success, else why not."""
+    """Write the headers into `directory` and precompile them (with `listing`, check that torch's headers it
+    leaves out hold no pybind11 type caster); "" on success, else why not."""
     for name, text in texts.items():
         path = os.path.join(directory, name)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -229,16 +218,27 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
     failed = "timed out" if runs is None else next((r.stderr.strip()[-300:] or "failed" for r in runs
                                                     if r.returncode), "")
     if not failed and listing:
-        # What the header includes, as an #include in cpp_sources would name it: such an include adds nothing.
-        deps = subprocess.run([*own_first, "-M", "-x", "c++", header], capture_output=True, text=True)
-        failed = "" if deps.returncode == 0 else deps.stderr.strip()[-300:] or "listing its includes failed"
-        dirs = [directory] + [command[i + 1] for i, a in enumerate(command[:-1]) if a == "-I"]
-        names = {os.path.relpath(path, d) for path in deps.stdout.replace("\\\n", " ").split()[1:] for d in dirs
-                 if path.startswith(d.rstrip("/") + "/")} | {"torch/extension.h"}
-        with open(os.path.join(directory, INCLUDED), "w") as f:
-            f.write("".join(f"{name}\n" for name in sorted(names)))
+        failed = _casters_left_out(own_first, header, command)
     if failed:
         return f"precompiling failed: {failed}"
     with open(os.path.join(directory, READY), "w") as f:
         f.write(json.dumps(command) + "\n")
+    return ""
+
+
+def _casters_left_out(own_first: list[str], header: str, command: list[str]) -> str:
+    """"" unless a header torch's extension.h reaches and this one does not specialises a pybind11 type
+    caster: an argument of that type would convert otherwise (or not at all) with this header."""
+    def reached(argv: list[str]) -> set[str] | None:
+        run = subprocess.run([*argv, "-M", "-x", "c++"], capture_output=True, text=True)
+        return set(run.stdout.replace("\\\n", " ").split()[1:]) if run.returncode == 0 else None
+    words = _compiler_words(command)
+    torch_header = os.path.join(command[words + 1], "torch", "extension.h")
+    ours, torch_s = reached([*own_first, header]), reached([*command, torch_header])
+    if ours is None or torch_s is None:
+        return "listing the headers' includes failed"
+    for path in sorted(torch_s - ours):
+        with open(path, errors="replace") as f:
+            if "type_caster" in f.read():
+                return f"a pybind11 type caster in a header it leaves out: {path}"
     return ""

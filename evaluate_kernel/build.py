@@ -138,6 +138,8 @@ def _install_build_defaults(cfg: dict) -> dict:
         try:
             cu = _cu_text(bound["cuda_sources"]) if bound and bound.get("cuda_sources") and cfg.get("light_headers") \
                 else ""
+            if cu and _names_can_hide(cu, list(kw.get("extra_cuda_cflags") or [])):
+                cu = ""   # names the light headers' scan cannot see: torch's headers
             # A runner rebuilds as its builder built (the markers say how), whatever its own options say.
             module = _build_light(ce, original, args, kw, cfg, name, build_dir, record, cu, header) \
                 if cu or header or cfg.get("prebuilt") else original(*args, **kw)
@@ -225,6 +227,14 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
     return module
 
 
+def _names_can_hide(source: str, flags: list) -> bool:
+    try:
+        from . import light_headers
+    except ImportError:
+        return True
+    return light_headers.names_can_hide(source, flags)
+
+
 def _main_header(cfg: dict, bound: dict, user_cflags: list, record: dict) -> str:
     """The directory of binding_header.py's to put first on main.cpp's path, or "": the binding header
     where the cpp_sources may use it, else torch's own at -O2 for a build asking for -O1 to -O3 (the
@@ -235,7 +245,7 @@ def _main_header(cfg: dict, bound: dict, user_cflags: list, record: dict) -> str
         return ""
     sources = bound.get("cpp_sources")
     text = "\n".join([sources] if isinstance(sources, str) else list(sources or []))
-    if cfg.get("binding") and binding_header.usable(text, cfg["binding"]):
+    if cfg.get("binding") and binding_header.usable(text, cfg["binding"], user_cflags):
         return cfg["binding"]
     if any(binding_header.OPTIMISING.match(str(flag)) for flag in user_cflags):
         if not cfg.get("optimised"):

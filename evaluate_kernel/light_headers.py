@@ -24,7 +24,12 @@ module writes a directory that goes first on the .cu file's include path and rep
   on an H200 machine.
 
 A name's header declares all of that name's overloads. A call therefore resolves as it would with
-torch's headers, or fails to compile. It cannot silently pick another function. The evaluator builds
+torch's headers, or fails to compile. It cannot silently pick another function. A name the text does not
+hold (pasted by a macro, or put in by a -D flag) could, so a source with ``##`` or such a flag keeps
+torch's headers (``names_can_hide``). What stays possible is a source that tests what the left-out headers
+define (an #ifdef on one of their macros, or a template probing for a declaration): it can tell the light
+build from torch's, as any candidate can tell the evaluator's processes from others (DESIGN.md, "Who is
+trusted"). The evaluator builds
 with the real headers when a light build fails. On an H200 machine a candidate's .cu file compiled in
 15.6 s instead of 50.1 s (each nvcc phase to about a third); BENCHMARKS.md has the figures. Standard
 library only.
@@ -48,6 +53,7 @@ ALL_OPERATORS = {"ATen/Functions.h": "", "ATen/NativeFunctions.h": "_native"}  #
 # What makes torch::x differ from at::x: autograd and torch::tensor's own dtype rule. The others are
 # here because a source naming them would only fail with the lean header and pay for a second build.
 NEEDS_TORCH_TYPES = re.compile(r"requires_grad|autograd|\btensor\s*\(|TORCH_LIBRARY|\bLibrary\b")
+INJECTING = re.compile(r"^-(?:D|U|include|imacros)")   # flags that put names or code into the translation unit
 NAMES_COMPLEX = re.compile(r"complex|thrust", re.I)  # a source naming these keeps thrust/complex.h
 THRUST_NAME = re.compile(r"\bthrust\s*::\s*(\w+)(\s*<)?")
 THRUST_USE = re.compile(r"\bthrust\s*::|^[ \t]*#[ \t]*include[ \t]*[<\"]thrust/", re.M)
@@ -63,6 +69,13 @@ def torch_include_dirs() -> list[str]:
 
 def needs_torch_types(source: str) -> bool:
     return bool(NEEDS_TORCH_TYPES.search(source))
+
+
+def names_can_hide(source: str, flags: list[str]) -> bool:
+    """Whether the translation unit may hold a name its text does not: pasted by a macro (##), or put in by
+    a flag (-D, -U, -include, -imacros). The scan reads names from the text, so such a source keeps
+    torch's headers."""
+    return "##" in source or any(INJECTING.match(str(flag)) for flag in flags)
 
 
 def lean_types(types_h: str) -> str:

@@ -134,6 +134,18 @@ def test_thrust_is_declared_only_when_the_source_never_names_complex_numbers(tmp
     assert lh.write(str(tmp_path / "plain"), "#include <torch/types.h>\n", None, torch_dirs=dirs)["thrust"] == "declared"
 
 
+@pytest.mark.parametrize("source, flags, hides", [
+    ("__global__ void k(float* x) { x[0] = 1; }", [], False),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-O3", "--use_fast_math", "-I/x"], False),
+    ("#define OP(a, b) a##b\n", [], True),                        # a name pasted: the text does not hold it
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-DNAME=relu"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-UNDEBUG"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-include", "x.h"], True),
+])
+def test_a_source_whose_names_can_hide_from_the_scan_keeps_torch_s_headers(source, flags, hides):
+    assert lh.names_can_hide(source, flags) is hides
+
+
 # ------------------------------------------------------------------------------ with the installed torch
 def compile_flags() -> list[str]:
     from torch.utils import cpp_extension
