@@ -132,7 +132,7 @@ def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
     os.makedirs(root, mode=0o755, exist_ok=True)
     aside = tempfile.mkdtemp(prefix=f".{key}.", dir=root)
     try:
-        why = _build(aside, command, texts, timeout_s, KINDS[kind], listing=kind == "binding")
+        why = _build(aside, command, texts, timeout_s, KINDS[kind], check_casters=kind == "binding")
         if not why:
             os.chmod(aside, 0o755)
             try:
@@ -191,9 +191,9 @@ def _texts() -> dict[str, str] | None:
 
 
 def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s: float,
-           variants: dict[str, list[str]], listing: bool) -> str:
-    """Write the headers into `directory` and precompile them (with `listing`, check that torch's headers it
-    leaves out hold no pybind11 type caster); "" on success, else why not."""
+           variants: dict[str, list[str]], check_casters: bool) -> str:
+    """Write the headers into `directory` and precompile them (with check_casters, check that torch's
+    headers it leaves out hold no pybind11 type caster); "" on success, else why not."""
     for name, text in texts.items():
         path = os.path.join(directory, name)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -217,10 +217,11 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
         runs = None
     failed = "timed out" if runs is None else next((r.stderr.strip()[-300:] or "failed" for r in runs
                                                     if r.returncode), "")
-    if not failed and listing:
-        failed = _casters_left_out(own_first, header, command)
     if failed:
         return f"precompiling failed: {failed}"
+    caster = _casters_left_out(own_first, header, command) if check_casters else ""
+    if caster:
+        return caster
     with open(os.path.join(directory, READY), "w") as f:
         f.write(json.dumps(command) + "\n")
     return ""

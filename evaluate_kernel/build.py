@@ -170,23 +170,23 @@ FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again wi
 
 
 def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record: dict, source: str,
-                 binding: str):
+                 main_header: str):
     """load_inline with light headers: light_headers.py's directory first on the .cu include path (for a
-    .cu `source`) and a header directory of binding_header.py's first on main.cpp's (`binding`: the binding
-    header, or torch's at -O2); if that fails, the call as written.
+    .cu `source`) and a header directory of binding_header.py's first on main.cpp's (`main_header`: the
+    binding header, or torch's at -O2); if that fails, the call as written.
 
     The .cu's directory is written into the build directory for this source. The builder leaves markers
     naming both, so a runner that must rebuild (rare: the library is normally imported as built) uses the
     same flags.
     """
     markers = {"cu": os.path.join(build_dir, "pacevolve-light-headers"),
-               "binding": os.path.join(build_dir, "pacevolve-binding-header")}
+               "main": os.path.join(build_dir, "pacevolve-main-header")}
     versions = getattr(getattr(ce, "JIT_EXTENSION_VERSIONER", None), "entries", None)
     if not isinstance(versions, dict):
         return original(*args, **kw)  # without resetting torch's versioner a second build would be renamed
     if cfg.get("prebuilt"):
-        light_dir, binding = (_read(markers["cu"]), _read(markers["binding"])) if build_dir else ("", "")
-        if not light_dir and not binding:
+        light_dir, main_header = (_read(markers["cu"]), _read(markers["main"])) if build_dir else ("", "")
+        if not light_dir and not main_header:
             return original(*args, **kw)
     elif source:
         try:
@@ -198,14 +198,14 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
             record["light"] = light_headers.write(light_dir, source, list(kw.get("extra_include_paths") or []))
     else:
         light_dir = ""
-    if not light_dir and not binding:
+    if not light_dir and not main_header:
         return original(*args, **kw)
     light_kw = dict(kw)
     if light_dir:
         light_kw["extra_cuda_cflags"] = [f"-I{light_dir}"] + list(kw.get("extra_cuda_cflags") or [])
-    if binding:
+    if main_header:
         # torch's own header check would see other flags and rebuild its header: not asked for here
-        light_kw.update(extra_cflags=[f"-I{binding}"] + list(kw.get("extra_cflags") or []), use_pch=False)
+        light_kw.update(extra_cflags=[f"-I{main_header}"] + list(kw.get("extra_cflags") or []), use_pch=False)
     try:
         module = original(*args, **light_kw)
     except Exception:  # noqa: BLE001 - whatever failed, the real headers decide
@@ -216,14 +216,14 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
         print(FULL_HEADER_RETRY, flush=True)  # the parent reads compiler errors after this line
         return original(*args, **kw)
     if not cfg.get("prebuilt"):
-        for part, value in (("cu", light_dir), ("binding", binding)):
+        for part, value in (("cu", light_dir), ("main", main_header)):
             if value:
                 with open(markers[part], "w") as f:
                     f.write(value)
     if light_dir:
         record["headers"] = "light"
-    record["binding"] = bool(binding) and binding == cfg.get("binding")
-    record["optimised"] = bool(binding) and binding == cfg.get("optimised")
+    record["binding"] = bool(main_header) and main_header == cfg.get("binding")
+    record["optimised"] = bool(main_header) and main_header == cfg.get("optimised")
     return module
 
 

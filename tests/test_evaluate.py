@@ -596,7 +596,7 @@ def test_the_binding_header_first_on_main_cpp_s_path_then_torch_s(tmp_path, caps
     kw = {"extra_cuda_cflags": [], "extra_cflags": ["-O3"], "use_pch": True}
     assert eval_build._build_light(ce, ce.load_inline, (), kw, {"light_headers": True, "binding": "/binding"},
                                    "ext", str(tmp_path), record, source, "/binding") == "module"
-    marker = tmp_path / "pacevolve-binding-header"
+    marker = tmp_path / "pacevolve-main-header"
     # torch's own header check is not asked for with the binding header (it would see other flags)
     assert ce.cflags[0] == (["-I/binding", "-O3"], False)
     if not fail_light:
