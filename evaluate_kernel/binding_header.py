@@ -23,8 +23,10 @@ A build uses it only when its cpp_sources declare functions and do nothing else 
 declaration means the same with either header, while a function body, a macro or a conditional may not
 (a call finds functions by argument-dependent lookup among the declarations left out). Before it is used,
 the headers torch's extension.h reaches and this one does not are checked for pybind11 type casters (an
-argument would convert otherwise): none may be there. GPU Evaluators build the directory once per
-machine, torch and compiler, outside the namespace; builders see it read-only.
+argument would convert otherwise): none may be there. Left open: a declared function named like one of
+the few names torch's full header declares at global scope (THP*, libkineto, ...) fails to compile with
+torch's header and builds with this one. GPU Evaluators build the directory once per machine, torch and
+compiler, outside the namespace; builders see it read-only.
 
 The same machinery precompiles torch's own extension.h at -O2 (``prepare(kind="optimised")``) for a main.cpp
 that cannot use the binding header and asks for -O1 to -O3, which torch's precompiled header never serves;
@@ -53,8 +55,9 @@ EXTENSION_H = "// Written by pacevolve (binding_header.py): what load_inline's m
 KINDS = {"binding": {"plain": [], "o2": ["-O2"]}, "optimised": {"o2": ["-O2"]}}
 OPTIMISED_H = "// Written by pacevolve (binding_header.py): torch's own, precompiled here at -O2.\n#include \"{header}\"\n"
 OPTIMISING = re.compile(r"^-O[123]$")     # the flags the -O2 forms serve
-FORMAT = 4                                # of the directory: a change here makes a new one
+FORMAT = 5                                # of the directory: a change here makes a new one
 READY = "READY"
+OPERATORS = "operators"   # every operator torch's headers declare, one a line
 ALLOWED_INCLUDE = re.compile(r"torch/(?:extension|types)\.h|\w+(?:\.h)?")   # its own, the standard library's
 DECLARATION = re.compile(r"\s*[\w:<>,\s*&]+?\b\w+\s*\([\w:<>,\s*&]*\)\s*")   # type name(params)
 NOT_IN_A_DECLARATION = {"template", "typename", "using", "namespace", "typedef", "extern", "static", "inline",
@@ -70,10 +73,13 @@ def default_root() -> str:
     return os.path.join(base, "pacevolve", "headers")
 
 
-def usable(cpp_sources: str, directory: str, flags: list[str] | None = None) -> bool:
+def usable(cpp_sources: str, directory: str, flags: list[str] | None = None, functions=None) -> bool:
     """Whether main.cpp with these cpp_sources (and the build's extra_cflags) may use the binding header in
     `directory`: only when cpp_sources declare functions and do nothing else, besides including
-    torch/extension.h, torch/types.h or the standard library.
+    torch/extension.h, torch/types.h or the standard library; when load_inline's `functions` (which it
+    writes into main.cpp) are plain names and docstrings; when every flag is on light_headers' allow-list
+    and no include path comes from the environment; and when no name qualified by at:: or torch:: is also
+    one of torch's operators (at::complex is a type here and a function with torch's header).
 
     A declaration means the same with either header: the types it names are the same entities (the binding
     header's files are torch's, or torch's with declarations left out), a name only torch's declares fails
@@ -82,10 +88,17 @@ def usable(cpp_sources: str, directory: str, flags: list[str] | None = None) -> 
     functions by argument-dependent lookup in the headers left out, a macro or #if can test what is
     defined, and a -D flag can supply a name no scan of the text sees (BENCHMARKS.md, session 30).
     """
-    if not os.path.isfile(os.path.join(directory, READY)) or \
-            any(light_headers.INJECTING.match(str(flag)) for flag in flags or []):
+    if not os.path.isfile(os.path.join(directory, READY)) or not light_headers.host_flags_allowed(flags or []) \
+            or light_headers.compiler_env_set(os.environ):
         return False
-    if re.search(r"[\"'\\?]", cpp_sources):   # no literal, splice or trigraph to lex around
+    if re.search(r"[\"'\\?%]", cpp_sources) or not _plain_functions(functions):   # no literal, splice, trigraph
+        return False                                                                 # or digraph to lex around
+    try:
+        with open(os.path.join(directory, OPERATORS)) as f:
+            operators = set(f.read().split())
+    except OSError:
+        return False
+    if set(re.findall(r"\b(?:at|torch)\s*::\s*(\w+)", cpp_sources)) & operators:
         return False
     text = re.sub(r"/\*.*?\*/", " ", cpp_sources, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
@@ -100,6 +113,16 @@ def usable(cpp_sources: str, directory: str, flags: list[str] | None = None) -> 
     *declarations, rest = " ".join(lines).split(";")
     return not rest.strip() and all(DECLARATION.fullmatch(d) and not NOT_IN_A_DECLARATION
                                     & set(light_headers.IDENTIFIER.findall(d)) for d in declarations)
+
+
+def _plain_functions(functions) -> bool:
+    """load_inline's functions: a name, names, or names with docstrings, none able to leave its string."""
+    if functions is None:
+        return False   # cpp_sources bind themselves: not declarations only
+    items = [(functions, "")] if isinstance(functions, str) else \
+        list(functions.items()) if isinstance(functions, dict) else [(f, "") for f in functions]
+    return all(isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w*", name) and isinstance(doc, str)
+               and not re.search(r"[\"\\\n\r?%]", doc) for name, doc in items)
 
 
 def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
@@ -187,6 +210,9 @@ def _texts() -> dict[str, str] | None:
                     texts[os.path.relpath(path, tmp)] = f.read()
     texts.pop(os.path.join("thrust", "complex.h"), None)   # a .cu file's; main.cpp is C++
     texts[os.path.join("torch", "extension.h")] = EXTENSION_H
+    with open(os.path.join(torch_dirs[0], "ATen", "Functions.h")) as f:
+        texts[OPERATORS] = "".join(f"{name}\n" for name in sorted(
+            set(re.findall(light_headers.OPERATOR_INCLUDE.format(suffix=""), f.read()))))
     return texts
 
 

@@ -245,8 +245,13 @@ def _main_header(cfg: dict, bound: dict, user_cflags: list, record: dict) -> str
         return ""
     sources = bound.get("cpp_sources")
     text = "\n".join([sources] if isinstance(sources, str) else list(sources or []))
-    if cfg.get("binding") and binding_header.usable(text, cfg["binding"], user_cflags):
+    if cfg.get("binding") and binding_header.usable(text, cfg["binding"], user_cflags, bound.get("functions")):
         return cfg["binding"]
+    # torch's own header at -O2: the flags on the allow-list (GCC takes a precompiled header beside flags
+    # that change what its declarations mean), the include paths not the environment's.
+    from . import light_headers
+    if not light_headers.host_flags_allowed(user_cflags) or light_headers.compiler_env_set(os.environ):
+        return ""
     if any(binding_header.OPTIMISING.match(str(flag)) for flag in user_cflags):
         if not cfg.get("optimised"):
             record["wants_optimised"] = True

@@ -53,7 +53,23 @@ ALL_OPERATORS = {"ATen/Functions.h": "", "ATen/NativeFunctions.h": "_native"}  #
 # What makes torch::x differ from at::x: autograd and torch::tensor's own dtype rule. The others are
 # here because a source naming them would only fail with the lean header and pay for a second build.
 NEEDS_TORCH_TYPES = re.compile(r"requires_grad|autograd|\btensor\s*\(|TORCH_LIBRARY|\bLibrary\b")
-INJECTING = re.compile(r"^-(?:D|U|include|imacros)")   # flags that put names or code into the translation unit
+# Flags known not to put names, code or headers into a translation unit, nor to change what a precompiled
+# header's declarations mean (layout flags such as -fshort-enums pass GCC's check of one): an allow-list,
+# since compilers take the same thing under many spellings (-D, --define-macro, -Wp,-D, @file, -Xcompiler).
+HOST_FLAG = re.compile(r"-(?:O[0-3s]?|Ofast|g[0-3]?|w|W(?:all|extra|pedantic|no-[\w-]+)|march=native|"
+                       r"mtune=native|fopenmp|ffast-math|funroll-loops|fno-strict-aliasing|fno-math-errno|"
+                       r"pthread|std=(?:c|gnu)\+\+\d\d)")
+CUDA_FLAG = re.compile(r"-(?:O[0-3]|-?use_fast_math|lineinfo|-generate-line-info|g|G|w|-?restrict|"
+                       r"-expt-relaxed-constexpr|-expt-extended-lambda|-?std=c\+\+\d\d|-?maxrregcount=\d+|"
+                       r"-?(?:ftz|prec-div|prec-sqrt|fmad)=(?:true|false)|res-usage|-resource-usage|"
+                       r"-extra-device-vectorization|arch=(?:sm|compute)_\d+a?|"
+                       r"(?:Xptxas|-ptxas-options)=[\w,=.+-]+)")
+CUDA_PAIR = {"-Xptxas": re.compile(r"[\w,=.+-]+"), "--ptxas-options": re.compile(r"[\w,=.+-]+"),
+             "-gencode": re.compile(r"arch=compute_\d+a?,code=(?:sm|compute)_\d+a?"),
+             "-Xcompiler": None, "--compiler-options": None}   # None: host flags, comma-separated
+# Environment a compiler reads for include paths or extra flags.
+COMPILER_ENV = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH", "NVCC_PREPEND_FLAGS",
+                "NVCC_APPEND_FLAGS", "GCC_EXEC_PREFIX", "COMPILER_PATH")
 NAMES_COMPLEX = re.compile(r"complex|thrust", re.I)  # a source naming these keeps thrust/complex.h
 THRUST_NAME = re.compile(r"\bthrust\s*::\s*(\w+)(\s*<)?")
 THRUST_USE = re.compile(r"\bthrust\s*::|^[ \t]*#[ \t]*include[ \t]*[<\"]thrust/", re.M)
@@ -71,11 +87,38 @@ def needs_torch_types(source: str) -> bool:
     return bool(NEEDS_TORCH_TYPES.search(source))
 
 
-def names_can_hide(source: str, flags: list[str]) -> bool:
-    """Whether the translation unit may hold a name its text does not: pasted by a macro (##), or put in by
-    a flag (-D, -U, -include, -imacros). The scan reads names from the text, so such a source keeps
-    torch's headers."""
-    return "##" in source or any(INJECTING.match(str(flag)) for flag in flags)
+def names_can_hide(source: str, flags: list[str], env: dict | None = None) -> bool:
+    """Whether the translation unit may hold a name its text does not: pasted by a macro (##, or its
+    digraph and trigraph spellings), read from a file of the candidate's (a quoted #include), or put in by a
+    flag or the environment (any flag off the allow-list, an include path). The scan reads names from the
+    text, so such a source keeps torch's headers."""
+    return bool(re.search(r"##|%:|\?\?=|^[ \t]*#[ \t]*include[ \t]*\"", source, re.M)) \
+        or not cuda_flags_allowed(flags) or compiler_env_set(os.environ if env is None else env)
+
+
+def host_flags_allowed(flags: list[str]) -> bool:
+    return all(HOST_FLAG.fullmatch(str(flag)) for flag in flags)
+
+
+def cuda_flags_allowed(flags: list[str]) -> bool:
+    flags, i = [str(f) for f in flags], 0
+    while i < len(flags):
+        flag = flags[i]
+        if flag in CUDA_PAIR and i + 1 < len(flags):
+            value, rule = flags[i + 1], CUDA_PAIR[flag]
+            if not (rule.fullmatch(value) if rule else host_flags_allowed(value.split(","))):
+                return False
+            i += 2
+            continue
+        value = flag.split("=", 1)[1] if flag.startswith(("-Xcompiler=", "--compiler-options=")) else None
+        if not (CUDA_FLAG.fullmatch(flag) or (value is not None and host_flags_allowed(value.split(",")))):
+            return False
+        i += 1
+    return True
+
+
+def compiler_env_set(env) -> bool:
+    return any(env.get(name) for name in COMPILER_ENV)
 
 
 def lean_types(types_h: str) -> str:

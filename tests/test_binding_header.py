@@ -17,6 +17,7 @@ def fake_dir(tmp_path: Path) -> str:
     d = tmp_path / "binding"
     d.mkdir()
     (d / bh.READY).write_text(json.dumps(["c++", "-I", "/nowhere"]) + "\n")
+    (d / bh.OPERATORS).write_text("relu\ncomplex\nconv2d\n")
     return str(d)
 
 
@@ -51,13 +52,39 @@ std::tuple<torch::Tensor, torch::Tensor> two(at::Tensor t, at::IntArrayRef sizes
     ("torch::Tensor operator+(torch::Tensor a, torch::Tensor b);", [], False),
     ("torch::Tensor f(decltype(at::relu) g);", [], False),
     ("torch::Tensor f(torch::Tensor x);\\\n", [], False),        # a line splice
+    ("torch::Tensor f(torch::Tensor x, at::complex<double> s);", [], False),  # a type here, a function there
+    ("torch::Tensor f(torch::Tensor x, c10::complex<double> s);", [], True),
+    # flags off the allow-list: names put in under other spellings, include paths, layout
+    (DECLARATION, ["-Wp,-DNM=relu"], False),
+    (DECLARATION, ["--define-macro=NM=relu"], False),
+    (DECLARATION, ["@flags.txt"], False),
+    (DECLARATION, ["-I/tmp/mine"], False),
+    (DECLARATION, ["-fshort-enums"], False),
+    (DECLARATION, ["-O3", "-Wall", "-Wno-unused", "-march=native", "-fopenmp", "-std=c++17", "-g"], True),
 ])
 def test_only_declarations_may_use_the_binding_header(tmp_path, cpp, flags, ok):
-    assert bh.usable(cpp, fake_dir(tmp_path), flags) is ok
+    assert bh.usable(cpp, fake_dir(tmp_path), flags, ["fused"]) is ok
+
+
+@pytest.mark.parametrize("functions, ok", [
+    (["fused", "two"], True), ("fused", True), ({"fused": "the fused tail (x: N, C, H, W)"}, True),
+    (None, False),                                             # cpp_sources bind themselves
+    ({"fused": '");}\nint injected() { return 7; }\n//'}, False),   # load_inline writes docstrings in
+    (["fused(x)"], False), (["fused\n"], False),
+])
+def test_load_inline_s_own_lines_must_stay_plain(tmp_path, functions, ok):
+    assert bh.usable(DECLARATION, fake_dir(tmp_path), [], functions) is ok
+
+
+def test_include_paths_from_the_environment_refuse_it(tmp_path, monkeypatch):
+    d = fake_dir(tmp_path)
+    assert bh.usable(DECLARATION, d, [], ["fused"])
+    monkeypatch.setenv("CPLUS_INCLUDE_PATH", str(tmp_path))
+    assert not bh.usable(DECLARATION, d, [], ["fused"])
 
 
 def test_no_binding_header_before_it_is_ready(tmp_path):
-    assert not bh.usable(DECLARATION, str(tmp_path))
+    assert not bh.usable(DECLARATION, str(tmp_path), [], ["fused"])
 
 
 def test_torch_s_flags_are_read_back_from_its_signature_only_when_exact(tmp_path, monkeypatch):
@@ -119,8 +146,8 @@ def test_prepared_once_and_precompiled_for_main_cpp_with_and_without_optimisatio
         assert r.returncode == 0, r.stderr[-3000:]
         pch = [line for line in r.stderr.splitlines() if line.startswith("! ")]
         assert pch == ([f"! {directory}/torch/extension.h.gch/{used}"] if used else []), (extra, pch)
-    assert bh.usable(DECLARATION, directory)
-    assert not bh.usable("torch::Tensor f(torch::Tensor x) { return torch::conv2d(x, x); }", directory)
+    assert bh.usable(DECLARATION, directory, [], ["fused"])
+    assert not bh.usable("torch::Tensor f(torch::Tensor x) { return torch::conv2d(x, x); }", directory, [], ["f"])
 
 
 @pytest.mark.parametrize("inside_cache", [False, True])
@@ -165,9 +192,11 @@ def test_main_cpp_takes_the_binding_header_else_torch_s_at_o2_when_it_asks_for_o
             (calls, ["-O3"], "", "", True),                             # not ready: the parent is told
             (calls, ["-Wall", "-O2"], "/o2", "/o2", False),
             (calls, ["-march=native"], "/o2", "", False),               # no -O: torch's own header
+            (calls, ["-O3", "-fshort-enums"], "/o2", "", False),        # off the allow-list
             (calls, [], "/o2", "", False)]:
         record: dict = {}
-        got = build._main_header({"binding": d, "optimised": optimised}, {"cpp_sources": [cpp]}, flags, record)
+        got = build._main_header({"binding": d, "optimised": optimised}, {"cpp_sources": [cpp], "functions": ["f"]},
+                                 flags, record)
         assert (got, record.get("wants_optimised", False)) == (want, wants), (cpp, flags)
 
 

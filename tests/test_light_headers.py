@@ -136,14 +136,28 @@ def test_thrust_is_declared_only_when_the_source_never_names_complex_numbers(tmp
 
 @pytest.mark.parametrize("source, flags, hides", [
     ("__global__ void k(float* x) { x[0] = 1; }", [], False),
-    ("__global__ void k(float* x) { x[0] = 1; }", ["-O3", "--use_fast_math", "-I/x"], False),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-O3", "--use_fast_math"], False),
     ("#define OP(a, b) a##b\n", [], True),                        # a name pasted: the text does not hold it
     ("__global__ void k(float* x) { x[0] = 1; }", ["-DNAME=relu"], True),
     ("__global__ void k(float* x) { x[0] = 1; }", ["-UNDEBUG"], True),
     ("__global__ void k(float* x) { x[0] = 1; }", ["-include", "x.h"], True),
+    ("#define OP(a, b) a %:%: b\n", [], True),                     # the same paste, as a digraph
+    ("??=define OP(a, b) a ??=??= b\n", [], True),                 # and as trigraphs
+    ('#include "helpers.cuh"\n', [], True),                        # a file of the candidate's own
+    ("__global__ void k(float* x) { x[0] = 1; }", ["--define-macro=NM=relu"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-Xcompiler=-DNM=relu"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["--compiler-options", "-O3,-DNM=relu"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["--options-file=f"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["@f"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-Iinc"], True),
+    ("__global__ void k(float* x) { x[0] = 1; }", ["-O3", "--use_fast_math", "-Xptxas", "-v,-O3", "-lineinfo",
+                                                    "-gencode", "arch=compute_90a,code=sm_90a", "-Xcompiler",
+                                                    "-fopenmp,-O3", "--expt-relaxed-constexpr",
+                                                    "-maxrregcount=64", "-std=c++17"], False),
 ])
 def test_a_source_whose_names_can_hide_from_the_scan_keeps_torch_s_headers(source, flags, hides):
-    assert lh.names_can_hide(source, flags) is hides
+    assert lh.names_can_hide(source, flags, {}) is hides
+    assert lh.names_can_hide("int x;", [], {"CPATH": "/tmp/mine"}) is True   # include paths from the environment
 
 
 # ------------------------------------------------------------------------------ with the installed torch
