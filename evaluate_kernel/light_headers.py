@@ -97,7 +97,7 @@ def names_can_hide(source: str, flags: list[str], env: dict | None = None) -> bo
 
 
 def host_flags_allowed(flags: list[str]) -> bool:
-    return all(HOST_FLAG.fullmatch(str(flag)) for flag in flags)
+    return all(HOST_FLAG.fullmatch(str(flag)) or not str(flag).strip() for flag in flags)   # [""]: nothing
 
 
 def cuda_flags_allowed(flags: list[str]) -> bool:
@@ -111,7 +111,8 @@ def cuda_flags_allowed(flags: list[str]) -> bool:
             i += 2
             continue
         value = flag.split("=", 1)[1] if flag.startswith(("-Xcompiler=", "--compiler-options=")) else None
-        if not (CUDA_FLAG.fullmatch(flag) or (value is not None and host_flags_allowed(value.split(",")))):
+        if not (CUDA_FLAG.fullmatch(flag) or not flag.strip()
+                or (value is not None and host_flags_allowed(value.split(",")))):
             return False
         i += 1
     return True

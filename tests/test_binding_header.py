@@ -61,6 +61,7 @@ std::tuple<torch::Tensor, torch::Tensor> two(at::Tensor t, at::IntArrayRef sizes
     (DECLARATION, ["-I/tmp/mine"], False),
     (DECLARATION, ["-fshort-enums"], False),
     (DECLARATION, ["-O3", "-Wall", "-Wno-unused", "-march=native", "-fopenmp", "-std=c++17", "-g"], True),
+    (DECLARATION, [""], True),                                    # KernelBench's own examples pass [""]
 ])
 def test_only_declarations_may_use_the_binding_header(tmp_path, cpp, flags, ok):
     assert bh.usable(cpp, fake_dir(tmp_path), flags, ["fused"]) is ok

@@ -137,6 +137,7 @@ def test_thrust_is_declared_only_when_the_source_never_names_complex_numbers(tmp
 @pytest.mark.parametrize("source, flags, hides", [
     ("__global__ void k(float* x) { x[0] = 1; }", [], False),
     ("__global__ void k(float* x) { x[0] = 1; }", ["-O3", "--use_fast_math"], False),
+    ("__global__ void k(float* x) { x[0] = 1; }", [""], False),
     ("#define OP(a, b) a##b\n", [], True),                        # a name pasted: the text does not hold it
     ("__global__ void k(float* x) { x[0] = 1; }", ["-DNAME=relu"], True),
     ("__global__ void k(float* x) { x[0] = 1; }", ["-UNDEBUG"], True),
