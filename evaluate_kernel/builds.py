@@ -52,7 +52,7 @@ class Builds:
         self._pch: Future | None = None
         self._binding: Future | None = None   # binding_header.py's directory, or "" (never waited for)
         self._optimised: Future | None = None   # the same for torch's header at -O2, once a build wanted it
-        self.binding_note = ""   # why there is none, when there is none
+        self.header_notes: dict[str, str] = {}   # per kind of binding_header.py's: why there is none
 
     # ---------------------------------------------------------------- the flow
     def build(self, src: str, h: str, details: dict) -> EvalResult | None:
@@ -199,12 +199,12 @@ class Builds:
 
     def binding_header(self, wait: bool = False) -> str:
         """The binding header's directory if it is ready (with wait, once its preparation ends), else ""."""
-        return self._ready(self._binding, wait)
+        return self._ready(self._binding, wait, "binding")
 
     def optimised_header(self, wait: bool = False) -> str:
         """The same for torch's extension.h precompiled at -O2 (binding_header.py), prepared from the first
         build that asked for -O1 to -O3 and could not use the binding header."""
-        return self._ready(self._optimised, wait)
+        return self._ready(self._optimised, wait, "optimised")
 
     def want_optimised(self) -> None:
         with self._lock:
@@ -235,18 +235,18 @@ class Builds:
                                   timeout=self.ev.opts.build_timeout_s)
             directory, why = json.loads(proc.stdout.strip().splitlines()[-1])
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
-            self.binding_note = f"not prepared: {type(e).__name__}: {proc.stderr.strip()[-300:] if proc else e}"
+            self.header_notes[kind] = f"not prepared: {type(e).__name__}: {proc.stderr.strip()[-300:] if proc else e}"
             return ""
-        self.binding_note = why
+        self.header_notes[kind] = why
         return directory
 
-    def _ready(self, future: Future | None, wait: bool) -> str:
+    def _ready(self, future: Future | None, wait: bool, kind: str) -> str:
         if future is None or not (wait or future.done()):
             return ""
         try:
             return future.result()
         except Exception as e:   # noqa: BLE001 - no header is never an evaluation's failure
-            self.binding_note = f"not prepared: {type(e).__name__}: {e}"
+            self.header_notes[kind] = f"not prepared: {type(e).__name__}: {e}"
             return ""
 
     def prepare_pch(self) -> str:

@@ -291,7 +291,8 @@ def main() -> int:
             # candidate costs.
             t_wait = time.perf_counter()
             binding = ev.builds.binding_header(wait=True)
-            add("binding header (binding_header.py)", f"{binding or 'none: ' + ev.builds.binding_note}; waited "
+            why = ev.builds.header_notes.get("binding", "")
+            add("binding header (binding_header.py)", f"{binding or 'none: ' + why}; waited "
                                                       f"{time.perf_counter() - t_wait:.1f} s after the cold evaluation")
             fresh_walls = []
             for i in range(args.new):

@@ -219,7 +219,7 @@ def test_a_cpu_build_asking_for_o2_gets_torch_s_header_precompiled_at_o2_after_t
         first = ev.evaluate(cand)
         assert first.status == "ok" and not first.details.get("optimised_header"), first.details
         t0 = time.monotonic()
-        assert ev.builds.optimised_header(wait=True), ev.builds.binding_note
+        assert ev.builds.optimised_header(wait=True), ev.builds.header_notes
         prepared_s = time.monotonic() - t0
         second = ev.evaluate(cand.replace('name="fused_tail_cpp"', 'name="fused_tail_cpp_2"'))
     assert second.status == "ok" and second.details["optimised_header"] is True, second.details
