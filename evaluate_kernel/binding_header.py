@@ -14,7 +14,10 @@ main.cpp's include path replaces it:
 * ``torch/extension.h.gch`` is a directory holding that header precompiled twice, without -O and at -O2;
   GCC takes the first file in it valid for a compilation (-O1 to -O3 take the second; other flags that
   change the header's meaning take none, and the header's text is parsed instead). Both are built with the
-  flags torch precompiles its own header with, read back from torch's signature of that header.
+  flags torch precompiles its own header with (checked against torch's signature of that header where
+  there is one). The directory is usable as soon as its text is written and checked: on a fresh machine
+  the first builds parse it (seconds) while it is precompiled, and the precompiled forms then appear in
+  one rename, so that no compile sees one half-written.
 
 main.cpp of a CUDA candidate then compiles in 3.0 s instead of 7.0 on the development VM, and at -O3 in
 4.6 s instead of 22.7 (BENCHMARKS.md, session 30, with the H200 machine's figures).
@@ -57,6 +60,7 @@ OPTIMISED_H = "// Written by pacevolve (binding_header.py): torch's own, precomp
 OPTIMISING = re.compile(r"^-O[123]$")     # the flags the -O2 forms serve
 FORMAT = 5                                # of the directory: a change here makes a new one
 READY = "READY"
+GCH = os.path.join("torch", "extension.h.gch")   # in the directory, once precompiled
 OPERATORS = "operators"   # every operator torch's headers declare, one a line
 ALLOWED_INCLUDE = re.compile(r"torch/(?:extension|types)\.h|\w+(?:\.h)?")   # its own, the standard library's
 DECLARATION = re.compile(r"\s*[\w:<>,\s*&]+?\b\w+\s*\([\w:<>,\s*&]*\)\s*")   # type name(params)
@@ -126,15 +130,16 @@ def _plain_functions(functions) -> bool:
 
 
 def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
-            kind: str = "binding") -> tuple[str, str]:
-    """(directory, "") with the header ready, else ("", why not). Builds it when this torch and compiler
-    have none yet (tens of seconds, once per machine). kind "binding" is the header described above;
-    "optimised" is torch's own extension.h precompiled at -O2, for a main.cpp that cannot use the binding
-    header and asks for -O1 to -O3 (torch's precompiled header serves no -O: such a main.cpp parsed all of
-    torch's headers, 22.7 s against 10.5 s with this one on the development VM)."""
+            kind: str = "binding", precompiled: bool = True) -> tuple[str, str]:
+    """(directory, "") with the header ready, else ("", why not). Writes it when this torch and compiler
+    have none yet, and with `precompiled` precompiles it (tens of seconds, once per machine). kind
+    "binding" is the header described above; "optimised" is torch's own extension.h precompiled at -O2, for
+    a main.cpp that cannot use the binding header and asks for -O1 to -O3 (torch's precompiled header
+    serves no -O: such a main.cpp parsed all of torch's headers, 22.7 s against 10.5 s with this one on the
+    development VM)."""
     command = torch_command(torch_root)
     if command is None:
-        return "", "torch's precompiled header is missing or its signature reads otherwise"
+        return "", "torch's signature of its precompiled header reads otherwise than its flags"
     texts = _texts() if kind == "binding" else {
         os.path.join("torch", "extension.h"): OPTIMISED_H.format(
             header=os.path.join(torch_root, "include", "torch", "extension.h"))}
@@ -148,46 +153,37 @@ def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
                                     sort_keys=True).encode()).hexdigest()[:16]
     root = root or default_root()
     directory = os.path.join(root, key)
-    if os.path.isfile(os.path.join(directory, READY)):
-        return directory, ""
-    # Built aside and renamed into place when complete: no lock (which a candidate could hold, the files
-    # being visible to it), and two Evaluators preparing at once each build, and one directory stays.
-    os.makedirs(root, mode=0o755, exist_ok=True)
-    aside = tempfile.mkdtemp(prefix=f".{key}.", dir=root)
-    try:
-        why = _build(aside, command, texts, timeout_s, KINDS[kind], check_casters=kind == "binding")
-        if not why:
-            os.chmod(aside, 0o755)
-            try:
-                os.rename(aside, directory)
-            except OSError:   # another Evaluator's came first
-                if not os.path.isfile(os.path.join(directory, READY)):
-                    why = "another preparation left the directory unfinished"
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)
+    why = "" if os.path.isfile(os.path.join(directory, READY)) else \
+        _publish(root, key, lambda aside: _write(aside, command, texts, check_casters=kind == "binding"))
+    if not why and precompiled and not os.path.isdir(os.path.join(directory, GCH)):
+        why = _publish(os.path.join(directory, "torch"), os.path.basename(GCH),
+                       lambda aside: _precompile(directory, aside, command, KINDS[kind], timeout_s))
     return (directory, "") if not why else ("", why)
 
 
-def torch_command(torch_root: str) -> list[str] | None:
-    """The compiler and flags torch precompiles its extension.h with (less the header and output), as its
-    signature file records them; None unless the signature is exactly what those flags would write."""
+def torch_command(torch_root: str, signed: bool = False) -> list[str] | None:
+    """The compiler and flags torch precompiles its extension.h with (less the header and output); None
+    where torch's signature file, if there is one yet (with `signed`: if there is none), records anything
+    else. (Flags that differ from a compile's only make GCC parse the header's text.)"""
     inc = os.path.join(torch_root, "include")
     try:
         with open(os.path.join(inc, "torch", "extension.h.sign")) as f:
             sign = f.read()
+    except FileNotFoundError:
+        if signed:
+            return None
+        sign = None   # not precompiled yet: the flags its code would use
     except OSError:
-        return None
-    if not os.path.isfile(os.path.join(inc, "torch", "extension.h.gch")):
         return None
     compiler = shlex.split(os.environ.get("CXX", "c++"))
     head = os.path.join(inc, "torch", "extension.h")
-    std = re.search(r"_-std=([\w+]+)_", sign)
+    std = re.search(r"_-std=([\w+]+)_", sign or "_-std=c++17_")
     if not std:
         return None
     flags = ["-I", inc, "-I", sysconfig.get_path("include"), "-I", os.path.join(inc, "torch", "csrc", "api", "include"),
              "-DTORCH_API_INCLUDE_EXTENSION_H", f"-std={std.group(1)}", "-fPIC"]
     written = " ".join([*compiler, "-x", "c++-header", head, "-o", head + ".gch", *flags]).replace(" ", "_")
-    return [*compiler, *flags] if written == sign else None
+    return [*compiler, *flags] if sign is None or written == sign else None
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -216,26 +212,57 @@ def _texts() -> dict[str, str] | None:
     return texts
 
 
-def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s: float,
-           variants: dict[str, list[str]], check_casters: bool) -> str:
-    """Write the headers into `directory` and precompile them (with check_casters, check that torch's
-    headers it leaves out hold no pybind11 type caster); "" on success, else why not."""
+def _publish(parent: str, name: str, fill) -> str:
+    """Fill a directory made aside in `parent` (fill(aside) -> "" or why not) and rename it to `name` once
+    complete: no lock (which a candidate could hold, the files being visible to it), no compile sees it
+    half-made, and of two Evaluators preparing at once each builds and one directory stays. "" or why not."""
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    aside = tempfile.mkdtemp(prefix=f".{name}.", dir=parent)
+    try:
+        why = fill(aside)
+        if not why:
+            os.chmod(aside, 0o755)
+            try:
+                os.rename(aside, os.path.join(parent, name))
+            except OSError:   # another Evaluator's came first
+                if not os.path.exists(os.path.join(parent, name)):
+                    why = "another preparation left it unfinished"
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return why
+
+
+def _own_first(command: list[str], directory: str) -> list[str]:
+    """The command with this directory first, as on main.cpp's path (where torch's come after, as -isystem):
+    what is precompiled is what a compile that cannot use the precompiled form parses."""
+    return [*command[:_compiler_words(command)], "-I", directory, *command[_compiler_words(command):]]
+
+
+def _write(directory: str, command: list[str], texts: dict[str, str], check_casters: bool) -> str:
+    """Write the headers into `directory` (with check_casters, check that torch's headers it leaves out
+    hold no pybind11 type caster) and mark it ready; "" on success, else why not."""
     for name, text in texts.items():
         path = os.path.join(directory, name)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         with open(path, "w") as f:
             f.write(text)
     header = os.path.join(directory, "torch", "extension.h")
-    os.makedirs(header + ".gch", mode=0o755)
+    caster = _casters_left_out(_own_first(command, directory), header, command) if check_casters else ""
+    if caster:
+        return caster
+    with open(os.path.join(directory, READY), "w") as f:
+        f.write(json.dumps(command) + "\n")
+    return ""
 
-    # This directory first, as on main.cpp's path (where torch's come after, as -isystem): what is
-    # precompiled is what a compile that cannot use the precompiled form parses.
-    own_first = [*command[:_compiler_words(command)], "-I", directory, *command[_compiler_words(command):]]
+
+def _precompile(directory: str, out: str, command: list[str], variants: dict[str, list[str]],
+                timeout_s: float) -> str:
+    """The header in `directory` precompiled into `out`, one file per variant; "" or why not."""
+    header = os.path.join(directory, "torch", "extension.h")
 
     def precompile(variant: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*own_first, *variants[variant], "-x", "c++-header", header, "-o",
-                               os.path.join(header + ".gch", variant)],
-                              capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run([*_own_first(command, directory), *variants[variant], "-x", "c++-header", header,
+                               "-o", os.path.join(out, variant)], capture_output=True, text=True, timeout=timeout_s)
     try:
         with ThreadPoolExecutor(len(variants)) as pool:
             runs = list(pool.map(precompile, variants))
@@ -243,14 +270,7 @@ def _build(directory: str, command: list[str], texts: dict[str, str], timeout_s:
         runs = None
     failed = "timed out" if runs is None else next((r.stderr.strip()[-300:] or "failed" for r in runs
                                                     if r.returncode), "")
-    if failed:
-        return f"precompiling failed: {failed}"
-    caster = _casters_left_out(own_first, header, command) if check_casters else ""
-    if caster:
-        return caster
-    with open(os.path.join(directory, READY), "w") as f:
-        f.write(json.dumps(command) + "\n")
-    return ""
+    return f"precompiling failed: {failed}" if failed else ""
 
 
 def _casters_left_out(own_first: list[str], header: str, command: list[str]) -> str:

@@ -123,7 +123,14 @@ def _install_build_defaults(cfg: dict) -> dict:
             built = _built_under_another_name(os.path.dirname(build_dir), _call_fingerprint(bound, anonymous=True))
             if built is not None:
                 return ce._import_module_from_library(built[0], built[1], True)
-        if pch_ok and not user_cflags and not kw.get("extra_include_paths"):
+        pch_ready = cfg.get("pch", "ready") == "ready"
+        if pch_ok and not pch_ready and build_dir and not cfg.get("prebuilt"):
+            # torch's precompiled header is still being written outside (a fresh machine) or failed: GCC
+            # must not read it half-written, so main.cpp compiles from the headers' text.
+            kw["extra_cflags"] = [f"-I{_unprecompiled(ce, build_dir)}"] + kw["extra_cflags"]
+            kw["use_pch"] = False
+            record["pch"] = f"not used: {cfg.get('pch')}"
+        elif pch_ok and not user_cflags and not kw.get("extra_include_paths"):
             try:
                 _ensure_pch(ce, kw["extra_cflags"], cfg["pch_lock"])
                 kw["use_pch"] = True
@@ -225,6 +232,22 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
     record["binding"] = bool(main_header) and main_header == cfg.get("binding")
     record["optimised"] = bool(main_header) and main_header == cfg.get("optimised")
     return module
+
+
+UNPRECOMPILED_H = """// Written by pacevolve (build.py): torch's extension.h, included from here so that GCC does not look
+// for its precompiled form (it does so only for a translation unit's first include), which is not ready.
+#include "{header}"
+"""
+
+
+def _unprecompiled(ce, build_dir: str) -> str:
+    """A directory whose torch/extension.h includes torch's by its path: main.cpp parses the text."""
+    directory = os.path.join(build_dir, "pacevolve-unprecompiled")
+    header = os.path.join(directory, "torch", "extension.h")
+    os.makedirs(os.path.dirname(header), exist_ok=True)
+    with open(header, "w") as f:
+        f.write(UNPRECOMPILED_H.format(header=os.path.join(ce.include_paths()[0], "torch", "extension.h")))
+    return directory
 
 
 def _names_can_hide(source: str, flags: list) -> bool:

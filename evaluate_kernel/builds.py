@@ -10,7 +10,9 @@ file lock beside the build). A cached build counts while its libraries' digest i
 recorded, or the one a marker signed with the key candidates cannot read (sandbox.BuildSeal) vouches for;
 anything else is rebuilt, and the note says why. torch's precompiled extension.h lives in torch's install
 directory, read-only in the namespace: a process of ours outside it brings it up to date, and the state it
-left is remembered where candidates cannot write (DESIGN.md, "Both protocols").
+left is remembered where candidates cannot write (DESIGN.md, "Both protocols"). No build waits for it: one
+that starts before it is ready compiles main.cpp from the headers' text (build.py), so the first verdict on
+a fresh machine does not wait for the minute that header takes.
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ class Builds:
     """The builds of one Evaluator (`ev`: its cache, options, workers and code checks, through their public
     names); thread-safe."""
 
-    def __init__(self, ev, seal: BuildSeal | None, key_dir: str, code_dir: str, arch: str, fast_nvcc: str):
+    def __init__(self, ev, seal: BuildSeal | None, key_dir: str, code_dir: str, fast_nvcc: str):
         self.ev, self._seal, self._key_dir, self._code_dir = ev, seal, key_dir, code_dir
-        self._arch, self._fast_nvcc = arch, fast_nvcc
+        self._fast_nvcc = fast_nvcc
+        self.arch = ""   # TORCH_CUDA_ARCH_LIST, once the device's architecture is known
         cores = os.cpu_count() or 2
         # load_inline has at most two translation units (main.cpp, cuda.cu): two jobs per build, and
         # several builds side by side, so builds overlap with timing and with each other.
@@ -50,7 +53,9 @@ class Builds:
         self._lock = threading.Lock()
         self._spare: Worker | None = None
         self._pch: Future | None = None
+        self._pch_current = False   # torch's header was complete and current when its preparation began
         self._binding: Future | None = None   # binding_header.py's directory, or "" (never waited for)
+        self._binding_text = ""   # the same directory once its text is usable, before it is precompiled
         self._optimised: Future | None = None   # the same for torch's header at -O2, once a build wanted it
         self.header_notes: dict[str, str] = {}   # per kind of binding_header.py's: why there is none
 
@@ -90,8 +95,6 @@ class Builds:
                     "a cached build from another Evaluator is not trusted without a namespace (candidates could "
                     "forge its marker); rebuilt")
                 remove_all(os.path.dirname(marker))
-            if self._pch is not None and _wants_pch(src):
-                self._pch.result()
             with self._sem:
                 # No marker: whatever stands at the build's directory is no build of ours (a failed one), so
                 # it goes; the builder builds in its own home, and the build comes here once it is dead.
@@ -144,6 +147,8 @@ class Builds:
                 details["build_headers"] = msg["headers"]
             if isinstance(msg.get("light"), dict):
                 details["light_headers"] = msg["light"]  # lean torch/types.h or not; operators kept
+            if isinstance(msg.get("pch"), str):
+                details["pch"] = msg["pch"][:200]   # why torch's precompiled header was not used
             if isinstance(msg.get("binding"), bool):
                 details["binding_header"] = msg["binding"]  # main.cpp built with binding_header.py's
             if isinstance(msg.get("optimised"), bool):
@@ -176,6 +181,7 @@ class Builds:
         """How builders (and a runner that must build again) call load_inline: our flags and options."""
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.ev.opts.use_pch and _pch_writable(),
                 "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
+                "pch": self.pch_state(),
                 "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc,
                 "binding": self.binding_header(), "optimised": self.optimised_header()}
 
@@ -184,12 +190,14 @@ class Builds:
         where the builder's directory was moved (_settle), under the same names and flags: up to date."""
         extra = {"TORCH_EXTENSIONS_DIR": build_dir or os.path.join(self.ev.cache_dir, "ext", h[:16]),
                  "MAX_JOBS": str(self._max_jobs)}
-        if self._arch:
-            extra["TORCH_CUDA_ARCH_LIST"] = self._arch
+        if self.arch:
+            extra["TORCH_CUDA_ARCH_LIST"] = self.arch
         return extra
 
     def prepare_header(self, pool: Executor) -> Future:
-        """torch's precompiled header brought up to date on `pool` (the first build that wants it waits)."""
+        """torch's precompiled header brought up to date on `pool` (builds until then go without it, unless
+        it is already complete and signed with the flags torch's check would use: the check rewrites nothing)."""
+        self._pch_current = _pch_current(self.ev.env())
         self._pch = pool.submit(self.prepare_pch)
         # A CPU candidate's main.cpp holds all its code, which nearly always names an operator the binding
         # header leaves out: the header (a minute of a 2-core machine, 1 GB) is prepared for GPUs only.
@@ -197,9 +205,24 @@ class Builds:
             self._binding = pool.submit(self.prepare_main_header, "binding")
         return self._pch
 
+    def pch_state(self) -> str:
+        """"ready" once torch's precompiled header is (or where no process of ours prepares it: builders then
+        bring it up to date themselves, under its lock), else "pending" or why it is not."""
+        if self._pch is None:
+            return "ready"
+        if not self._pch.done():
+            return "ready" if self._pch_current else "pending"
+        try:
+            return self._pch.result()
+        except Exception as e:   # noqa: BLE001 - builds go without it
+            return f"failed: {type(e).__name__}"
+
     def binding_header(self, wait: bool = False) -> str:
-        """The binding header's directory if it is ready (with wait, once its preparation ends), else ""."""
-        return self._ready(self._binding, wait, "binding")
+        """The binding header's directory once its text is usable (with wait: once it is precompiled too,
+        or its preparation failed), else ""."""
+        if wait:
+            return self._ready(self._binding, True, "binding")
+        return self._binding_text or self._ready(self._binding, False, "binding")
 
     def optimised_header(self, wait: bool = False) -> str:
         """The same for torch's extension.h precompiled at -O2 (binding_header.py), prepared from the first
@@ -213,10 +236,19 @@ class Builds:
 
     def prepare_main_header(self, kind: str) -> str:
         """One of binding_header.py's directories (kind "binding" or "optimised"), made ready outside the
-        namespace once torch's header is (builds use it from then on and never wait for it; the first on a
-        machine takes tens of seconds), or ""."""
-        if self._pch is None or self._pch.result() != "ready":
+        namespace (builds use it from then on and never wait for it; the first on a machine takes tens of
+        seconds), or "". The binding header is usable as soon as its text is written and checked (seconds),
+        while it is precompiled; torch's at -O2 is only worth its precompiled form, prepared once torch's
+        own header is (a build asked for it)."""
+        if kind == "optimised" and (self._pch is None or self._pch.result() != "ready"):
             return ""
+        directory = self._run_prepare(kind, precompiled=kind != "binding")
+        if kind == "binding" and directory:
+            self._binding_text = directory
+            self._run_prepare(kind, precompiled=True)   # if it fails, its note says why and the text serves
+        return directory
+
+    def _run_prepare(self, kind: str, precompiled: bool) -> str:
         import importlib.util
         spec = importlib.util.find_spec("torch")
         if not spec or not spec.origin:
@@ -224,13 +256,14 @@ class Builds:
         script = ("import json, os, sys; cpus = [int(c) for c in sys.argv[3].split(',') if c]; "
                   "cpus and os.sched_setaffinity(0, cpus); sys.path.append(sys.argv[1]); "
                   "from evaluate_kernel import binding_header; "
-                  "print(json.dumps(binding_header.prepare(sys.argv[2], sys.argv[4], kind=sys.argv[5])))")
+                  "print(json.dumps(binding_header.prepare(sys.argv[2], sys.argv[4], kind=sys.argv[5], "
+                  "precompiled=sys.argv[6] == '1')))")
         cpus = ",".join(str(c) for c in (self.ev.other_cpus or []))
         proc = None
         try:
             # The machine's place, as this process sees it: a worker's environment has caches of its own.
             proc = subprocess.run([sys.executable, "-c", script, self._code_dir, os.path.dirname(spec.origin), cpus,
-                                   binding_header.default_root(), kind],
+                                   binding_header.default_root(), kind, "1" if precompiled else "0"],
                                   env=self.ev.env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
                                   timeout=self.ev.opts.build_timeout_s)
             directory, why = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -391,6 +424,10 @@ def _library_digest(ext: str, h: str) -> str:
     return library_digest(build_dir)
 
 
-def _wants_pch(src: str) -> bool:
-    """A source that builds nothing need not wait for torch's precompiled header."""
-    return "load_inline" in src or "cpp_extension" in src
+def _pch_current(env: dict[str, str]) -> bool:
+    """Whether torch's precompiled extension.h is there, with a signature that reads as the flags its check
+    would use (the check then writes nothing), without importing torch (seconds)."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    return bool(spec and spec.origin and pch_state(env)) and \
+        binding_header.torch_command(os.path.dirname(spec.origin), signed=True) is not None

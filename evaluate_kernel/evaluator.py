@@ -138,7 +138,6 @@ class Evaluator:
         self._code_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._closed = False
-        self.builds: Builds | None = None   # made once the device's architecture is known
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pacevolve-spawn")
         # Builders and runners are forked from a process that has imported torch (forkserver.py), started
         # now, from the spawner thread it dies with; where it cannot run, they start by exec.
@@ -152,17 +151,18 @@ class Evaluator:
         if device == "cuda" and not gpus:
             raise RuntimeError("device='cuda' but no CUDA GPU is visible")
         self._cpu_plan(len(gpus))
+        fast_nvcc = self._code.path("fast_nvcc.py")
+        self.builds = Builds(self, self._seal, self._key_dir, self._code.import_dir,
+                             fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else "")
+        # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
+        # trusted process outside it brings the header up to date once, while the devices start and the
+        # baseline is measured (the first on a machine takes a minute; builds meanwhile go without it).
+        pch_ready = self.builds.prepare_header(self.helpers) if self._namespace else None
         self._started("setup")
         self.devices = [Device(self, i) for i in gpus]
         self._started("devices")   # each device's reference worker, then its prober (Device.start_s)
         cap = self.devices[0].info.get("capability")
-        fast_nvcc = self._code.path("fast_nvcc.py")
-        self.builds = Builds(self, self._seal, self._key_dir, self._code.import_dir,
-                             arch_list_for(tuple(cap)) if cap else "",
-                             fast_nvcc if self.opts.fast_nvcc and os.path.exists(fast_nvcc) else "")
-        # torch's precompiled extension.h lives in its install dir, read-only inside the namespace: a
-        # trusted process outside it brings the header up to date once, while the baseline is measured.
-        pch_ready = self.builds.prepare_header(self.helpers) if self._namespace else None
+        self.builds.arch = arch_list_for(tuple(cap)) if cap else ""
         for dev in self.devices:   # the reference is timed in a runner of its own (host_batches.py)
             if device != "cuda" or dev.shared == "yes":
                 dev.start_ref_runner()

@@ -121,7 +121,8 @@ def _role_build(job: dict, send) -> None:
 
 
 def _headers_used(record: dict) -> dict:
-    return {"headers": record.get("headers"), "light": record.get("light"), "binding": record.get("binding"),
+    return {"headers": record.get("headers"), "light": record.get("light"), "pch": record.get("pch"),
+            "binding": record.get("binding"),
             "optimised": record.get("optimised"), "wants_optimised": record.get("wants_optimised")}
 
 

@@ -88,7 +88,7 @@ def test_no_binding_header_before_it_is_ready(tmp_path):
     assert not bh.usable(DECLARATION, str(tmp_path), [], ["fused"])
 
 
-def test_torch_s_flags_are_read_back_from_its_signature_only_when_exact(tmp_path, monkeypatch):
+def test_torch_s_flags_agree_with_its_signature_where_there_is_one(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "ccache g++")
     inc = tmp_path / "torch" / "include"
     (inc / "torch").mkdir(parents=True)
@@ -96,16 +96,66 @@ def test_torch_s_flags_are_read_back_from_its_signature_only_when_exact(tmp_path
     flags = ["-I", str(inc), "-I", sysconfig.get_path("include"), "-I", str(inc / "torch" / "csrc" / "api" / "include"),
              "-DTORCH_API_INCLUDE_EXTENSION_H", "-std=c++17", "-fPIC"]
     written = " ".join(["ccache", "g++", "-x", "c++-header", str(head), "-o", f"{head}.gch", *flags])
-    (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
     root = str(tmp_path / "torch")
-    assert bh.torch_command(root) is None            # no precompiled header beside the signature
-    (inc / "torch" / "extension.h.gch").write_bytes(b"gch")
-    assert bh.torch_command(root) == ["ccache", "g++", *flags]
+    assert bh.torch_command(root) == ["ccache", "g++", *flags]   # none yet: the flags torch's code uses
+    assert bh.torch_command(root, signed=True) is None              # (torch's header is not current)
+    (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
+    assert bh.torch_command(root) == bh.torch_command(root, signed=True) == ["ccache", "g++", *flags]
     (inc / "torch" / "extension.h.sign").write_text((written + " -O3").replace(" ", "_"))
     assert bh.torch_command(root) is None            # flags this module would not reproduce
     monkeypatch.setenv("CXX", "clang++")
     (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
     assert bh.torch_command(root) is None            # another compiler than the environment names
+
+
+FAKE_CXX = """#!/usr/bin/env python3
+import os, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("fake c++ 1.0"); sys.exit(0)
+if "-M" in args:
+    print("x.o: /usr/include/stdio.h"); sys.exit(0)
+with open(os.environ["FAKE_CXX_LOG"], "a") as f:
+    f.write(args[args.index("-o") + 1] + "\\n")
+if os.environ.get("FAKE_CXX_FAIL"):
+    print("no such header", file=sys.stderr); sys.exit(1)
+open(args[args.index("-o") + 1], "w").write("precompiled")
+"""
+
+
+def test_the_text_is_usable_first_and_the_precompiled_forms_come_in_one_rename(tmp_path, monkeypatch):
+    """A fresh machine: the directory is published with its text (builds parse it), then precompiled into
+    a directory aside that is renamed into place whole; once there, nothing is compiled again. A failed
+    precompile leaves the text usable and nothing half-made."""
+    cxx = tmp_path / "cxx"
+    cxx.write_text(FAKE_CXX)
+    cxx.chmod(0o755)
+    log = tmp_path / "log"
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv("FAKE_CXX_LOG", str(log))
+    torch_root = tmp_path / "torch"
+    (torch_root / "include" / "torch").mkdir(parents=True)
+    (torch_root / "version.py").write_text("__version__ = 'fake'\n")   # no signature: torch never precompiled
+    root = str(tmp_path / "headers")
+
+    monkeypatch.setenv("FAKE_CXX_FAIL", "1")
+    directory, why = bh.prepare(str(torch_root), root, precompiled=False)
+    assert directory and not why and not log.exists()
+    assert bh.usable(DECLARATION, directory, [], ["fused"]) and not os.path.exists(os.path.join(directory, bh.GCH))
+    assert bh.prepare(str(torch_root), root) == ("", "precompiling failed: no such header")
+    assert bh.usable(DECLARATION, directory, [], ["fused"])
+    assert not [n for n in os.listdir(os.path.join(directory, "torch")) if "gch" in n]   # nothing aside left
+
+    monkeypatch.delenv("FAKE_CXX_FAIL")
+    log.unlink()
+    assert bh.prepare(str(torch_root), root) == (directory, "")
+    assert sorted(os.listdir(os.path.join(directory, bh.GCH))) == ["o2", "plain"]
+    assert [n for n in os.listdir(os.path.join(directory, "torch")) if "gch" in n] == ["extension.h.gch"]
+    written = log.read_text().split()
+    assert len(written) == 2 and all(os.path.dirname(os.path.dirname(w)) == os.path.join(directory, "torch")
+                                     for w in written), written   # aside, in the same directory
+    assert bh.prepare(str(torch_root), root) == (directory, "") and len(log.read_text().split()) == 2
+    assert os.listdir(root) == [os.path.basename(directory)]
 
 
 MAIN_CPP = """#include <torch/extension.h>

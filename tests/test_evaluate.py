@@ -6,6 +6,7 @@ are built concurrently in one fixture because each cold build costs ~10-30 s on 
 from __future__ import annotations
 
 import json
+import subprocess
 import os
 import threading
 import time
@@ -609,6 +610,54 @@ def test_the_binding_header_first_on_main_cpp_s_path_then_torch_s(tmp_path, caps
     eval_build._build_light(runner, runner.load_inline, (), dict(kw), {"light_headers": True, "prebuilt": True},
                             "ext", str(tmp_path), {}, source, "")
     assert runner.cflags == [(["-I/binding", "-O3"], False) if not fail_light else (["-O3"], True)]
+
+
+@pytest.mark.parametrize("pch", ["ready", "pending", "failed: timed out"])
+def test_main_cpp_parses_torch_s_header_until_its_precompiled_form_is_ready(tmp_path, monkeypatch, pch):
+    """While the parent writes torch's precompiled header (a fresh machine) a build does not wait for it:
+    main.cpp includes torch's header through a directory of ours, and so from its text."""
+    from torch.utils import cpp_extension as ce
+    calls: list = []
+    def load_inline(name, cpp_sources, cuda_sources=None, functions=None, extra_cflags=None, extra_cuda_cflags=None,
+                    use_pch=False, verbose=False):
+        calls.append((extra_cflags, use_pch))
+    monkeypatch.setattr(ce, "load_inline", load_inline)
+    monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
+    monkeypatch.setattr(eval_build, "_ensure_pch", lambda *a: calls.append("torch's header checked"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    record = eval_build._install_build_defaults({"use_pch": True, "pch": pch, "pch_lock": str(tmp_path / "lock")})
+    ce.load_inline(name="ext", cpp_sources="int f();", functions=["f"])
+    wrapper = tmp_path / "ext" / "pacevolve-unprecompiled"
+    if pch == "ready":
+        assert calls == ["torch's header checked", ([], True)] and not wrapper.exists() and "pch" not in record
+    else:
+        assert calls == [([f"-I{wrapper}"], False)] and record["pch"] == f"not used: {pch}"
+        text = (wrapper / "torch" / "extension.h").read_text()
+        assert f'#include "{ce.include_paths()[0]}/torch/extension.h"' in text
+
+
+def test_gcc_never_reads_a_precompiled_header_included_through_the_wrapper(tmp_path):
+    """The mechanism above, with the real compiler: a precompiled torch/extension.h that would answer
+    otherwise than its text (as a half-written one might) is not read through our directory."""
+    import shutil
+    import types
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    inc = tmp_path / "include" / "torch"
+    inc.mkdir(parents=True)
+    (inc / "extension.h").write_text("inline int answer() { return 2; }\n")
+    subprocess.run([cxx, "-x", "c++-header", str(inc / "extension.h"), "-o", str(inc / "extension.h.gch")], check=True)
+    (inc / "extension.h").write_text("inline int answer() { return 1; }\n")
+    (tmp_path / "main.cpp").write_text("#include <torch/extension.h>\nint main() { return answer(); }\n")
+    fake_ce = types.SimpleNamespace(include_paths=lambda *a, **k: [str(tmp_path / "include")])
+    wrapper = eval_build._unprecompiled(fake_ce, str(tmp_path / "build"))
+    answers = []
+    for extra in ([], [f"-I{wrapper}"]):
+        subprocess.run([cxx, "-Winvalid-pch", *extra, "-isystem", str(tmp_path / "include"), "main.cpp", "-o", "a.out"],
+                       cwd=tmp_path, check=True, capture_output=True)
+        answers.append(subprocess.run([str(tmp_path / "a.out")]).returncode)
+    assert answers == [2, 1]   # directly the precompiled form; through the wrapper the text
 
 
 def test_the_builder_scans_the_cu_file_load_inline_writes():
