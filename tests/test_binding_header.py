@@ -168,9 +168,10 @@ m.def("fused", torch::wrap_pybind_function(fused), "fused");
 
 @pytest.mark.slow
 def test_prepared_once_and_precompiled_for_main_cpp_with_and_without_optimisation(tmp_path):
-    """The real header for the installed torch (torch's own header built first if missing): prepared in
-    the default place (shared with Evaluators), then main.cpp as load_inline writes it compiles with the
-    plain header, with -O3 from the -O2 one, and with -ffast-math from the header's text."""
+    """The real header for the installed torch (torch's own rebuilt first where its signature reads
+    otherwise): prepared in the default place (shared with Evaluators), then main.cpp as load_inline writes
+    it compiles with the plain header, with -O3 from the -O2 one, and with -ffast-math from the header's
+    text."""
     import importlib.util
     import time
 
