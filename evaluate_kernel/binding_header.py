@@ -161,29 +161,37 @@ def prepare(torch_root: str, root: str | None = None, timeout_s: float = 600,
     return (directory, "") if not why else ("", why)
 
 
-def torch_command(torch_root: str, signed: bool = False) -> list[str] | None:
+def torch_command(torch_root: str) -> list[str] | None:
     """The compiler and flags torch precompiles its extension.h with (less the header and output); None
-    where torch's signature file, if there is one yet (with `signed`: if there is none), records anything
-    else. (Flags that differ from a compile's only make GCC parse the header's text.)"""
+    where torch's signature file records anything else. Before torch has precompiled it (no signature
+    yet), the flags with C++17, a guess: the binding header's text serves meanwhile, and it is precompiled
+    once torch's header is signed (flags that differ from a compile's only make GCC parse the text)."""
     inc = os.path.join(torch_root, "include")
     try:
         with open(os.path.join(inc, "torch", "extension.h.sign")) as f:
             sign = f.read()
     except FileNotFoundError:
-        if signed:
-            return None
-        sign = None   # not precompiled yet: the flags its code would use
+        sign = None
     except OSError:
         return None
-    compiler = shlex.split(os.environ.get("CXX", "c++"))
+    cxx = os.environ.get("CXX", "c++")
+    compiler = shlex.split(cxx)
     head = os.path.join(inc, "torch", "extension.h")
     std = re.search(r"_-std=([\w+]+)_", sign or "_-std=c++17_")
     if not std:
         return None
     flags = ["-I", inc, "-I", sysconfig.get_path("include"), "-I", os.path.join(inc, "torch", "csrc", "api", "include"),
              "-DTORCH_API_INCLUDE_EXTENSION_H", f"-std={std.group(1)}", "-fPIC"]
-    written = " ".join([*compiler, "-x", "c++-header", head, "-o", head + ".gch", *flags]).replace(" ", "_")
-    return [*compiler, *flags] if sign is None or written == sign else None
+    if sign is None:
+        return [*compiler, *flags]
+    # torch writes the compiler as the environment names it, quoted or not by version, after ccache or
+    # sccache where one is on PATH (a wrapper that changes nothing compiled: our commands go without it).
+    for wrapper in ([], ["ccache"], ["sccache"]):
+        for written_compiler in (" ".join([*wrapper, *compiler]), shlex.join([*wrapper, cxx])):
+            written = " ".join([written_compiler, "-x", "c++-header", head, "-o", head + ".gch", *flags])
+            if written.replace(" ", "_") == sign:
+                return [*compiler, *flags]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -110,7 +110,7 @@ def _install_build_defaults(cfg: dict) -> dict:
         return module
 
     def _load(name, fingerprint, bound, args, kw, user_cflags):
-        build_dir = ce._get_build_directory(name, False) if bound and hasattr(ce, "_get_build_directory") else ""
+        build_dir = _build_directory(ce, name, create=not cfg.get("prebuilt")) if bound else ""
         stamp = os.path.join(build_dir, "pacevolve-call.sha256")
         reusable = (cfg.get("prebuilt") and fingerprint and name not in seen and bound.get("is_python_module", True)
                     and not bound.get("is_standalone", False) and hasattr(ce, "_import_module_from_library"))
@@ -123,12 +123,14 @@ def _install_build_defaults(cfg: dict) -> dict:
             built = _built_under_another_name(os.path.dirname(build_dir), _call_fingerprint(bound, anonymous=True))
             if built is not None:
                 return ce._import_module_from_library(built[0], built[1], True)
+        # torch would precompile its shared header with this call's flags: never a build's to write.
+        kw["use_pch"] = False
         pch_ready = cfg.get("pch", "ready") == "ready"
         if pch_ok and not pch_ready and build_dir and not cfg.get("prebuilt"):
             # torch's precompiled header is still being written outside (a fresh machine) or failed: GCC
-            # must not read it half-written, so main.cpp compiles from the headers' text.
-            kw["extra_cflags"] = [f"-I{_unprecompiled(ce, build_dir)}"] + kw["extra_cflags"]
-            kw["use_pch"] = False
+            # must not read it half-written, so main.cpp compiles from the headers' text. After the call's
+            # own flags: a directory of its -I comes first, as with torch (and after an -I- ours still counts).
+            kw["extra_cflags"] = kw["extra_cflags"] + [f"-I{_unprecompiled(ce, build_dir)}"]
             record["pch"] = f"not used: {cfg.get('pch')}"
         elif pch_ok and not user_cflags and not kw.get("extra_include_paths"):
             try:
@@ -166,9 +168,8 @@ def _install_build_defaults(cfg: dict) -> dict:
                 f.write(_call_fingerprint(bound, anonymous=True))
         return module
 
-    if pch_ok:
-        # torch deletes the shared header when use_pch=False; builds that opt out must not break others.
-        ce.remove_extension_h_precompiler_headers = lambda: None
+    # torch deletes the shared header when use_pch=False: never a build's to delete, whoever reads it.
+    ce.remove_extension_h_precompiler_headers = lambda: None
     ce.load_inline = load_inline
     return record
 
@@ -232,6 +233,33 @@ def _build_light(ce, original, args, kw, cfg, name: str, build_dir: str, record:
     record["binding"] = bool(main_header) and main_header == cfg.get("binding")
     record["optimised"] = bool(main_header) and main_header == cfg.get("optimised")
     return module
+
+
+def _build_directory(ce, name: str, create: bool) -> str:
+    """Where load_inline builds `name`; a runner only looks (its build directory is read-only)."""
+    if create and hasattr(ce, "_get_build_directory"):
+        return ce._get_build_directory(name, False)
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or \
+        (ce.get_default_build_root() if hasattr(ce, "get_default_build_root") else "")
+    return os.path.join(root, name) if root else ""
+
+
+def forget_stale_pch() -> None:
+    """(The parent.) torch's signature of its precompiled header holds its flags and paths, not torch's
+    version: after an upgrade the header of the old headers would still pass torch's check (and GCC takes
+    it whatever the text says now). One older than torch's version file loses its signature, so the check
+    builds it again."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if not spec or not spec.origin:
+        return
+    root = os.path.dirname(spec.origin)
+    inc = os.path.join(root, "include", "torch")
+    try:
+        if os.path.getmtime(os.path.join(inc, "extension.h.gch")) < os.path.getmtime(os.path.join(root, "version.py")):
+            os.remove(os.path.join(inc, "extension.h.sign"))
+    except OSError:
+        pass
 
 
 UNPRECOMPILED_H = """// Written by pacevolve (build.py): torch's extension.h, included from here so that GCC does not look

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import Executor, Future
 
 from . import binding_header
-from .build import FULL_HEADER_RETRY, _pch_writable, pch_state, trim_compiler_output
+from .build import FULL_HEADER_RETRY, _pch_writable, forget_stale_pch, pch_state, trim_compiler_output
 from .common import EvalResult, EvaluatorError, lock_path, open_lock
 from .protocol import Worker
 from .sandbox import BuildSeal, library_digest, own_dir, read_plain, remove_all, walk, write_under
@@ -196,8 +196,8 @@ class Builds:
 
     def prepare_header(self, pool: Executor) -> Future:
         """torch's precompiled header brought up to date on `pool` (builds until then go without it, unless
-        it is already complete and signed with the flags torch's check would use: the check rewrites nothing)."""
-        self._pch_current = _pch_current(self.ev.env())
+        torch's check last passed on the header exactly as it is now: the check then rewrites nothing)."""
+        self._pch_current = self._pch_checked(self.ev.env())
         self._pch = pool.submit(self.prepare_pch)
         # A CPU candidate's main.cpp holds all its code, which nearly always names an operator the binding
         # header leaves out: the header (a minute of a 2-core machine, 1 GB) is prepared for GPUs only.
@@ -237,16 +237,18 @@ class Builds:
     def prepare_main_header(self, kind: str) -> str:
         """One of binding_header.py's directories (kind "binding" or "optimised"), made ready outside the
         namespace (builds use it from then on and never wait for it; the first on a machine takes tens of
-        seconds), or "". The binding header is usable as soon as its text is written and checked (seconds),
-        while it is precompiled; torch's at -O2 is only worth its precompiled form, prepared once torch's
-        own header is (a build asked for it)."""
-        if kind == "optimised" and (self._pch is None or self._pch.result() != "ready"):
-            return ""
-        directory = self._run_prepare(kind, precompiled=kind != "binding")
+        seconds), or "". The binding header is usable as soon as its text is written and checked (seconds);
+        it is precompiled once torch's own header is; torch's at -O2 is only worth its precompiled form."""
+        if kind == "binding":
+            self._binding_text = self._run_prepare(kind, precompiled=False)
+        # Precompiled with the flags torch's check signs its header with (the language standard is torch's
+        # choice): once that header is ready.
+        if self._pch is None or self._pch.result() != "ready":
+            return self._binding_text if kind == "binding" else ""
+        directory = self._run_prepare(kind, precompiled=True)
         if kind == "binding" and directory:
-            self._binding_text = directory
-            self._run_prepare(kind, precompiled=True)   # if it fails, its note says why and the text serves
-        return directory
+            self._binding_text = directory   # another directory where the text's flags were not torch's
+        return directory or (self._binding_text if kind == "binding" else "")
 
     def _run_prepare(self, kind: str, precompiled: bool) -> str:
         import importlib.util
@@ -289,9 +291,9 @@ class Builds:
             return "off"
         env = self.ev.env(CUDA_VISIBLE_DEVICES="")
         seen = os.path.join(self._key_dir, "pch-current")   # hidden from candidates, as the key is
-        state = pch_state(env)
-        if state and read_plain(seen, 1 << 16) == state.encode():
+        if self._pch_checked(env):
             return "ready"   # as torch's check last left it: that check imports torch, seconds of a first build
+        forget_stale_pch()
         # On the cores the runners do not use: it may run beside the baseline (a header built on the runner's
         # core once put a batch's fixed cost at 7.5 ms instead of 0.8: DESIGN.md).
         script = ("import os, sys; cpus = [int(c) for c in sys.argv[3].split(',') if c]; "
@@ -316,6 +318,12 @@ class Builds:
             except OSError:
                 pass
         return "ready"
+
+    def _pch_checked(self, env: dict[str, str]) -> bool:
+        """Whether torch's check of its precompiled header last passed on the header as it is now (its
+        signature, size, time, torch's version, the compiler and PATH, where ccache would come from)."""
+        state = pch_state(env)
+        return bool(state) and read_plain(os.path.join(self._key_dir, "pch-current"), 1 << 16) == state.encode()
 
     def discard_spare(self) -> None:
         """(The evaluator's code changed.) The next builder may have read a modified copy. No lock: the
@@ -423,11 +431,3 @@ def _library_digest(ext: str, h: str) -> str:
         return "not the build's directory"
     return library_digest(build_dir)
 
-
-def _pch_current(env: dict[str, str]) -> bool:
-    """Whether torch's precompiled extension.h is there, with a signature that reads as the flags its check
-    would use (the check then writes nothing), without importing torch (seconds)."""
-    import importlib.util
-    spec = importlib.util.find_spec("torch")
-    return bool(spec and spec.origin and pch_state(env)) and \
-        binding_header.torch_command(os.path.dirname(spec.origin), signed=True) is not None

@@ -98,9 +98,12 @@ def test_torch_s_flags_agree_with_its_signature_where_there_is_one(tmp_path, mon
     written = " ".join(["ccache", "g++", "-x", "c++-header", str(head), "-o", f"{head}.gch", *flags])
     root = str(tmp_path / "torch")
     assert bh.torch_command(root) == ["ccache", "g++", *flags]   # none yet: the flags torch's code uses
-    assert bh.torch_command(root, signed=True) is None              # (torch's header is not current)
     (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
-    assert bh.torch_command(root) == bh.torch_command(root, signed=True) == ["ccache", "g++", *flags]
+    assert bh.torch_command(root) == ["ccache", "g++", *flags]
+    for spelling in ("'ccache g++'", "sccache 'ccache g++'", "ccache ccache g++"):   # quoted, after a wrapper
+        (inc / "torch" / "extension.h.sign").write_text(written.replace("ccache g++", spelling).replace(" ", "_"))
+        assert bh.torch_command(root) == ["ccache", "g++", *flags], spelling
+    (inc / "torch" / "extension.h.sign").write_text(written.replace(" ", "_"))
     (inc / "torch" / "extension.h.sign").write_text((written + " -O3").replace(" ", "_"))
     assert bh.torch_command(root) is None            # flags this module would not reproduce
     monkeypatch.setenv("CXX", "clang++")

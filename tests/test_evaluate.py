@@ -627,13 +627,51 @@ def test_main_cpp_parses_torch_s_header_until_its_precompiled_form_is_ready(tmp_
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     record = eval_build._install_build_defaults({"use_pch": True, "pch": pch, "pch_lock": str(tmp_path / "lock")})
     ce.load_inline(name="ext", cpp_sources="int f();", functions=["f"])
+    # a call of its own flags asking torch for its header (which torch would precompile again with them)
+    ce.load_inline(name="ext2", cpp_sources="int f();", functions=["f"], extra_cflags=["-I/mine", "-O2"], use_pch=True)
     wrapper = tmp_path / "ext" / "pacevolve-unprecompiled"
     if pch == "ready":
-        assert calls == ["torch's header checked", ([], True)] and not wrapper.exists() and "pch" not in record
+        assert calls == ["torch's header checked", ([], True), (["-I/mine", "-O2"], False)]
+        assert not wrapper.exists() and "pch" not in record
     else:
-        assert calls == [([f"-I{wrapper}"], False)] and record["pch"] == f"not used: {pch}"
+        assert calls == [([f"-I{wrapper}"], False), (["-I/mine", "-O2", f"-I{tmp_path / 'ext2' / wrapper.name}"], False)]
+        assert record["pch"] == f"not used: {pch}"
         text = (wrapper / "torch" / "extension.h").read_text()
         assert f'#include "{ce.include_paths()[0]}/torch/extension.h"' in text
+
+
+def test_a_runner_looks_for_its_build_directory_without_making_it(tmp_path, monkeypatch):
+    """(A runner's build directory lies in the read-only cache: an extension named at import time, a uuid,
+    is loaded from the builder's library under its name.)"""
+    from torch.utils import cpp_extension as ce
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert eval_build._build_directory(ce, "relu_1234", create=False) == str(tmp_path / "relu_1234")
+    assert not (tmp_path / "relu_1234").exists()
+    assert eval_build._build_directory(ce, "relu_1234", create=True) == str(tmp_path / "relu_1234")
+    assert (tmp_path / "relu_1234").is_dir()
+
+
+def test_a_precompiled_header_older_than_torch_loses_its_signature(tmp_path, monkeypatch):
+    """After an upgrade torch's check would pass its header of the old headers (the signature holds flags
+    and paths): the parent removes the signature, and the check builds the header again."""
+    import importlib.util
+    import types
+    root = tmp_path / "torch"
+    inc = root / "include" / "torch"
+    inc.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    for name in ("extension.h.gch", "extension.h.sign", "version.py"):
+        (inc / name if name != "version.py" else root / name).write_text(name)
+    spec = types.SimpleNamespace(origin=str(root / "__init__.py"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "torch" else real(name, *a))
+    os.utime(inc / "extension.h.gch", (2e9, 2e9))
+    os.utime(root / "version.py", (1e9, 1e9))
+    eval_build.forget_stale_pch()
+    assert (inc / "extension.h.sign").exists()    # newer than torch: kept
+    os.utime(root / "version.py", (3e9, 3e9))
+    eval_build.forget_stale_pch()
+    assert not (inc / "extension.h.sign").exists() and (inc / "extension.h.gch").exists()
 
 
 def test_gcc_never_reads_a_precompiled_header_included_through_the_wrapper(tmp_path):
