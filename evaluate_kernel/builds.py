@@ -55,7 +55,7 @@ class Builds:
         self._pch: Future | None = None
         self._pch_current = False   # torch's header was complete and current when its preparation began
         self._binding: Future | None = None   # binding_header.py's directory, or "" (never waited for)
-        self._binding_text = ""   # the same directory once its text is usable, before it is precompiled
+        self._binding_usable = ""   # the directory builds use now: its text until its preparation ends
         self._optimised: Future | None = None   # the same for torch's header at -O2, once a build wanted it
         self.header_notes: dict[str, str] = {}   # per kind of binding_header.py's: why there is none
 
@@ -222,7 +222,7 @@ class Builds:
         or its preparation failed), else ""."""
         if wait:
             return self._ready(self._binding, True, "binding")
-        return self._binding_text or self._ready(self._binding, False, "binding")
+        return self._binding_usable or self._ready(self._binding, False, "binding")
 
     def optimised_header(self, wait: bool = False) -> str:
         """The same for torch's extension.h precompiled at -O2 (binding_header.py), prepared from the first
@@ -240,15 +240,15 @@ class Builds:
         seconds), or "". The binding header is usable as soon as its text is written and checked (seconds);
         it is precompiled once torch's own header is; torch's at -O2 is only worth its precompiled form."""
         if kind == "binding":
-            self._binding_text = self._run_prepare(kind, precompiled=False)
+            self._binding_usable = self._run_prepare(kind, precompiled=False)
         # Precompiled with the flags torch's check signs its header with (the language standard is torch's
         # choice): once that header is ready.
         if self._pch is None or self._pch.result() != "ready":
-            return self._binding_text if kind == "binding" else ""
+            return self._binding_usable if kind == "binding" else ""
         directory = self._run_prepare(kind, precompiled=True)
         if kind == "binding" and directory:
-            self._binding_text = directory   # another directory where the text's flags were not torch's
-        return directory or (self._binding_text if kind == "binding" else "")
+            self._binding_usable = directory   # another directory where the text's flags were not torch's
+        return directory or (self._binding_usable if kind == "binding" else "")
 
     def _run_prepare(self, kind: str, precompiled: bool) -> str:
         import importlib.util
