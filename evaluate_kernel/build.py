@@ -248,7 +248,8 @@ def forget_stale_pch() -> None:
     """(The parent.) torch's signature of its precompiled header holds its flags and paths, not torch's
     version: after an upgrade the header of the old headers would still pass torch's check (and GCC takes
     it whatever the text says now). One older than torch's version file loses its signature, so the check
-    builds it again."""
+    builds it again. The version file's inode change time, which an installer cannot set back (a tar or
+    conda extraction keeps the archive's modification times)."""
     import importlib.util
     spec = importlib.util.find_spec("torch")
     if not spec or not spec.origin:
@@ -256,7 +257,7 @@ def forget_stale_pch() -> None:
     root = os.path.dirname(spec.origin)
     inc = os.path.join(root, "include", "torch")
     try:
-        if os.path.getmtime(os.path.join(inc, "extension.h.gch")) < os.path.getmtime(os.path.join(root, "version.py")):
+        if os.path.getmtime(os.path.join(inc, "extension.h.gch")) < os.path.getctime(os.path.join(root, "version.py")):
             os.remove(os.path.join(inc, "extension.h.sign"))
     except OSError:
         pass
@@ -332,19 +333,53 @@ def _built_under_another_name(root: str, anonymous: str) -> tuple[str, str] | No
     return None
 
 
-def _ensure_pch(ce, cflags: list[str], lock_path: str) -> None:
+def _ensure_pch(ce, cflags: list[str], lock_path: str, aside: bool = False) -> None:
     # The precompiled torch/extension.h lives inside torch's install dir and is shared: build it under a
     # file lock so concurrent builders never read a half-written header. In the namespace the lock is
     # hidden (a candidate holding it stalled every other build) and torch's directory read-only: the
-    # parent brought the header up to date before any build, and the check here only reads it.
+    # parent brought the header up to date before any build, and the check here only reads it. The
+    # parent's check (aside) has torch write the header aside and rename it into place: a compile reading
+    # the header while it was rewritten in place died of a bus error (other Evaluators' builders read it).
+    check = ce._check_and_build_extension_h_precompiler_headers
+    if aside:
+        ce.subprocess, real = _PchAside(ce.subprocess), ce.subprocess
     try:
-        lock = open_lock(lock_path)
-    except OSError:
-        ce._check_and_build_extension_h_precompiler_headers(cflags, None)
-        return
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ce._check_and_build_extension_h_precompiler_headers(cflags, None)
+        try:
+            lock = open_lock(lock_path)
+        except OSError:
+            check(cflags, None)
+            return
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            check(cflags, None)
+    finally:
+        if aside:
+            ce.subprocess = real
+
+
+class _PchAside:
+    """torch's cpp_extension's `subprocess`, but a compile writing its extension.h.gch writes it aside and
+    renames it into place. (Whatever else, or another way of running the compiler, goes through as it was.)"""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+    def check_output(self, args, *rest, **kw):
+        words = shlex.split(args) if isinstance(args, str) else list(args)
+        at = words.index("-o") + 1 if "-o" in words[:-1] else 0
+        if not at or not str(words[at]).endswith(os.path.join("torch", "extension.h.gch")):
+            return self._module.check_output(args, *rest, **kw)
+        target = str(words[at])
+        words[at] = f"{target}.{os.getpid()}.aside"
+        try:
+            out = self._module.check_output(shlex.join(words) if isinstance(args, str) else words, *rest, **kw)
+            os.replace(words[at], target)
+            return out
+        finally:
+            _remove(words[at])
 
 def pch_state(env: dict[str, str]) -> str:
     """(The parent, without importing torch.) What torch's precompiled extension.h is now: its signature
@@ -367,7 +402,8 @@ def pch_state(env: dict[str, str]) -> str:
     except OSError:
         return ""
     parts = [root, hashlib.sha256(sign).hexdigest(), f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}",
-             hashlib.sha256(version).hexdigest(), env.get("CXX", ""), env.get("PATH", "")]
+             hashlib.sha256(version).hexdigest(), env.get("CXX", ""), env.get("PATH", ""),
+             env.get("TORCH_NO_COMPILER_WRAPPER", "")]   # PATH and this: whether ccache comes first
     return json.dumps(parts)
 
 

@@ -243,7 +243,7 @@ class Builds:
             self._binding_usable = self._run_prepare(kind, precompiled=False)
         # Precompiled with the flags torch's check signs its header with (the language standard is torch's
         # choice): once that header is ready.
-        if self._pch is None or self._pch.result() != "ready":
+        if self._pch is None or self._pch.result() not in ("ready", "off"):
             return self._binding_usable if kind == "binding" else ""
         directory = self._run_prepare(kind, precompiled=True)
         if kind == "binding" and directory:
@@ -299,7 +299,7 @@ class Builds:
         script = ("import os, sys; cpus = [int(c) for c in sys.argv[3].split(',') if c]; "
                   "cpus and os.sched_setaffinity(0, cpus); sys.path.append(sys.argv[1]); "
                   "from evaluate_kernel import build; "
-                  "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2])")
+                  "from torch.utils import cpp_extension as ce; build._ensure_pch(ce, [], sys.argv[2], aside=True)")
         cpus = ",".join(str(c) for c in (self.ev.other_cpus or []))
         try:
             proc = subprocess.run([sys.executable, "-c", script, self._code_dir, cfg["pch_lock"], cpus],

@@ -665,13 +665,47 @@ def test_a_precompiled_header_older_than_torch_loses_its_signature(tmp_path, mon
     spec = types.SimpleNamespace(origin=str(root / "__init__.py"))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "torch" else real(name, *a))
-    os.utime(inc / "extension.h.gch", (2e9, 2e9))
-    os.utime(root / "version.py", (1e9, 1e9))
+    os.utime(root / "version.py", (1e9, 1e9))     # an installer may keep an archive's old times: not read
+    os.utime(inc / "extension.h.gch", (4e9, 4e9))
     eval_build.forget_stale_pch()
-    assert (inc / "extension.h.sign").exists()    # newer than torch: kept
-    os.utime(root / "version.py", (3e9, 3e9))
+    assert (inc / "extension.h.sign").exists()    # newer than torch's version file changed: kept
+    os.utime(inc / "extension.h.gch", (1.5e9, 1.5e9))
     eval_build.forget_stale_pch()
     assert not (inc / "extension.h.sign").exists() and (inc / "extension.h.gch").exists()
+
+
+@pytest.mark.parametrize("as_string", [False, True])
+def test_the_parent_s_check_has_torch_write_its_header_aside_and_rename_it(tmp_path, as_string):
+    """A compile reading torch's header while it is rewritten in place dies (a bus error): the parent's
+    check makes torch's own compile write it aside, then renames it into place."""
+    import shlex
+    import types
+    gch = tmp_path / "torch" / "extension.h.gch"
+    gch.parent.mkdir()
+    gch.write_text("the old header")
+    seen = []
+
+    def check_output(args, **kw):
+        words = shlex.split(args) if isinstance(args, str) else args
+        out = words[words.index("-o") + 1]
+        seen.append((out, gch.read_text()))   # the old header stays whole while the new one is written
+        with open(out, "w") as f:
+            f.write("the new header")
+        return b""
+
+    def check(cflags, paths):
+        cmd = ["c++", "-x", "c++-header", "extension.h", "-o", str(gch)]
+        ce.subprocess.check_output(shlex.join(cmd) if as_string else cmd, stderr=None)
+        ce.subprocess.check_output(["c++", "--version"])   # anything else goes through as it was
+
+    ce = types.SimpleNamespace(subprocess=types.SimpleNamespace(check_output=check_output, STDOUT=-2),
+                               _check_and_build_extension_h_precompiler_headers=check)
+    real = ce.subprocess
+    with pytest.raises(ValueError):   # "--version" has no -o: passed to the real module
+        eval_build._ensure_pch(ce, [], str(tmp_path / "lock"), aside=True)
+    assert seen[0][0] == f"{gch}.{os.getpid()}.aside" and seen[0][1] == "the old header"
+    assert gch.read_text() == "the new header" and sorted(os.listdir(gch.parent)) == ["extension.h.gch"]
+    assert ce.subprocess is real
 
 
 def test_gcc_never_reads_a_precompiled_header_included_through_the_wrapper(tmp_path):
