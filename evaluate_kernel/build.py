@@ -112,17 +112,19 @@ def _install_build_defaults(cfg: dict) -> dict:
     def _load(name, fingerprint, bound, args, kw, user_cflags):
         build_dir = _build_directory(ce, name, create=not cfg.get("prebuilt")) if bound else ""
         stamp = os.path.join(build_dir, "pacevolve-call.sha256")
-        reusable = (cfg.get("prebuilt") and fingerprint and name not in seen and bound.get("is_python_module", True)
+        reusable = (cfg.get("prebuilt") and fingerprint and name not in seen
                     and not bound.get("is_standalone", False) and hasattr(ce, "_import_module_from_library"))
+        # A Python module is imported; a library of operators only (TORCH_LIBRARY) is loaded into torch.ops.
+        python_module = bool(bound.get("is_python_module", True)) if bound else True
         seen.add(name)
         if reusable and _read(stamp) == fingerprint and os.path.exists(os.path.join(build_dir, name + ".so")):
-            return ce._import_module_from_library(name, build_dir, True)
+            return ce._import_module_from_library(name, build_dir, python_module)
         if reusable:
             # A name made at import time (a uuid, a counter) differs between the builder and the runner: the
             # library the builder made from the same sources and flags is the one to load, under its name.
             built = _built_under_another_name(os.path.dirname(build_dir), _call_fingerprint(bound, anonymous=True))
             if built is not None:
-                return ce._import_module_from_library(built[0], built[1], True)
+                return ce._import_module_from_library(built[0], built[1], python_module)
         # torch would precompile its shared header with this call's flags: never a build's to write.
         kw["use_pch"] = False
         pch_ready = cfg.get("pch", "ready") == "ready"
