@@ -53,7 +53,7 @@ class Builds:
         self._lock = threading.Lock()
         self._spare: Worker | None = None
         self._pch: Future | None = None
-        self._pch_current = False   # torch's header was complete and current when its preparation began
+        self._pch_current = False   # torch's check had passed on the header as it was when preparation began
         self._binding: Future | None = None   # binding_header.py's directory, or "" (never waited for)
         self._binding_usable = ""   # the directory builds use now: its text until its preparation ends
         self._optimised: Future | None = None   # the same for torch's header at -O2, once a build wanted it
