@@ -110,7 +110,8 @@ the parent's handle on a worker). Worker side: worker.py (the roles), host_batch
 bookkeeping outside the runner, CPU and GPU, both sides), vmm.py (device memory shared by descriptor,
 the runner's pool over it), batches.py (the GPU's fallback batch, both sides), inputs.py (inputs,
 models, output checks), build.py (load_inline wrapped), light_headers.py, binding_header.py (main.cpp's
-precompiled header, made by the parent), fast_nvcc.py, confine.py.
+precompiled header, made by the parent), fast_nvcc.py (and prefixes.py, the store of its final step's
+precompiled prefixes, kept by the parent), confine.py.
 Leaf: common.py (results, options, comparison, digests), tensorfile.py (tensors in a file a runner
 writes, read without a pickle), screen.py (the static first filter). Copying this folder is enough to
 vendor it

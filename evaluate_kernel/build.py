@@ -144,8 +144,11 @@ def _install_build_defaults(cfg: dict) -> dict:
             if pch_ok and bound and not kw.get("extra_include_paths") else ""
         if cfg.get("nvcc") and "PYTORCH_NVCC" not in os.environ and getattr(ce, "CUDA_HOME", None):
             # fast_nvcc.py: nvcc's own steps, with the host and device front ends side by side.
+            # With a store of precompiled prefixes for its final step, and where to ask for one (prefixes.py).
+            store = ["--prefixes", cfg["prefixes"], "--prefix-requests", cfg["prefix_requests"]] \
+                if cfg.get("prefixes") and cfg.get("prefix_requests") else []
             os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, cfg["nvcc"], "--nvcc",
-                                                     os.path.join(ce.CUDA_HOME, "bin", "nvcc")])
+                                                     os.path.join(ce.CUDA_HOME, "bin", "nvcc"), *store])
         try:
             cu = _cu_text(bound["cuda_sources"]) if bound and bound.get("cuda_sources") and cfg.get("light_headers") \
                 else ""
@@ -156,6 +159,8 @@ def _install_build_defaults(cfg: dict) -> dict:
                 if cu or header or cfg.get("prebuilt") else original(*args, **kw)
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
+            if cfg.get("prefix_requests"):
+                record["prefix"] = _prefix_notes(cfg["prefix_requests"])
             if cfg.get("prebuilt"):   # a runner, which may not start a compiler (torch then says ninja is missing)
                 raise RuntimeError(
                     f"load_inline({name!r}) had to build in the timed process, which may not start a compiler: the "
@@ -163,6 +168,8 @@ def _install_build_defaults(cfg: dict) -> dict:
                     "from get_init_inputs(); build there, with sources, flags and name that depend on nothing else "
                     f"({type(e).__name__}: {str(e)[:300]})") from e
             raise
+        if cfg.get("prefix_requests"):
+            record["prefix"] = _prefix_notes(cfg["prefix_requests"])
         if fingerprint and build_dir and not cfg.get("prebuilt"):
             with open(stamp, "w") as f:
                 f.write(fingerprint)
@@ -174,6 +181,18 @@ def _install_build_defaults(cfg: dict) -> dict:
     ce.remove_extension_h_precompiler_headers = lambda: None
     ce.load_inline = load_inline
     return record
+
+
+def _prefix_notes(requests: str) -> str:
+    """What fast_nvcc did with the final step's prefix, for the details: used, asked for, or failed."""
+    try:
+        names = os.listdir(requests)
+    except OSError:
+        return ""
+    said = {"used": "used", "failed": "failed with it, compiled whole"}
+    notes = sorted({said[n.split("-")[0]] for n in names if n.split("-")[0] in said}
+                   | ({"asked for"} if any(len(n) == 40 for n in names) else set()))
+    return ", ".join(notes)
 
 
 FULL_HEADER_RETRY = "pacevolve: the light-header build failed; building again with the real torch headers"

@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import Executor, Future
 
-from . import binding_header
+from . import binding_header, prefixes
 from .build import FULL_HEADER_RETRY, _pch_writable, forget_stale_pch, pch_state, trim_compiler_output
 from .common import EvalResult, EvaluatorError, lock_path, open_lock
 from .protocol import Worker
@@ -58,6 +58,11 @@ class Builds:
         self._binding_usable = ""   # the directory builds use now: its text until its preparation ends
         self._optimised: Future | None = None   # the same for torch's header at -O2, once a build wanted it
         self.header_notes: dict[str, str] = {}   # per kind of binding_header.py's: why there is none
+        # Precompiled prefixes of nvcc's final step (prefixes.py), beside the binding header; only in the
+        # namespace (elsewhere candidates could write the store), and only through fast_nvcc.
+        self._prefix_store = os.path.join(binding_header.default_root(), "prefixes") \
+            if fast_nvcc and ev.opts.prefixes else ""
+        self._prefixing: set[str] = set()   # keys being precompiled now
 
     # ---------------------------------------------------------------- the flow
     def build(self, src: str, h: str, details: dict) -> EvalResult | None:
@@ -107,8 +112,11 @@ class Builds:
                 try:
                     # In the namespace a builder takes no lock (the precompiled header's is hidden): locks
                     # are then no-ops there, else a channel to other candidates (confine.confine_builder).
+                    cfg = self.config()
+                    if home and cfg["prefixes"]:
+                        cfg["prefix_requests"] = os.path.join(home, PREFIX_REQUESTS)
                     w.send({"role": "build", "candidate_src": src, "reference_src": ev.reference_src,
-                            "build": self.config(), "cpus": ev.other_cpus, "locks": not ev.isolated,
+                            "build": cfg, "cpus": ev.other_cpus, "locks": not ev.isolated,
                             "env": self.extension_env(h, os.path.join(home, "build") if home else None)})
                     msg = w.recv(ev.opts.build_timeout_s)
                 except TimeoutError:
@@ -130,6 +138,8 @@ class Builds:
                     # no candidate's process can write where it goes (the finished builds are read-only).
                     if home and isinstance(msg, dict) and msg.get("kind") == "built":
                         unfit = _settle(os.path.join(home, "build"), ext, h[:16])
+                    if home:
+                        self.take_requests(os.path.join(home, PREFIX_REQUESTS), details)
                 finally:
                     if home and not ev.opts.keep_worker_dirs:
                         remove_all(home)
@@ -151,6 +161,8 @@ class Builds:
                 details["pch"] = msg["pch"][:200]   # why torch's precompiled header was not used
             if isinstance(msg.get("binding"), bool):
                 details["binding_header"] = msg["binding"]  # main.cpp built with binding_header.py's
+            if isinstance(msg.get("prefix"), str) and msg["prefix"]:
+                details["prefix"] = msg["prefix"][:100]   # nvcc's final step with a precompiled prefix
             if isinstance(msg.get("optimised"), bool):
                 details["optimised_header"] = msg["optimised"]  # or with torch's, precompiled at -O2
             if msg.get("wants_optimised") is True:
@@ -180,6 +192,7 @@ class Builds:
     def config(self) -> dict:
         """How builders (and a runner that must build again) call load_inline: our flags and options."""
         return {"cflags": [], "cuda_cflags": [], "use_pch": self.ev.opts.use_pch and _pch_writable(),
+                "prefixes": self._prefix_store if self.ev.isolated else "",
                 "pch_lock": lock_path("pch.lock"),  # guards torch's install dir
                 "pch": self.pch_state(),
                 "light_headers": self.ev.opts.light_headers, "nvcc": self._fast_nvcc,
@@ -332,6 +345,87 @@ class Builds:
         if builder is not None:
             builder.discard()
 
+    # ---------------------------------------------------------------- precompiled prefixes
+    def take_requests(self, requests: str, details: dict) -> str:
+        """The prefixes a dead builder asked for (fast_nvcc.py), read now (its home goes next), checked
+        (prefixes.read_request) and precompiled beside the evaluations, two at most at once; a refusal is
+        noted in details. Returns the store."""
+        store = self._prefix_store
+        if not store or not self.ev.isolated or os.path.islink(requests) or not os.path.isdir(requests):
+            return store
+        with os.scandir(requests) as found:
+            names = [e.name for _, e in zip(range(64), found)]
+        keys = [n for n in names if len(n) == 40]
+        for name in names:   # an entry used now is kept longer (the store drops the least recently used)
+            if name.startswith("used-"):
+                prefixes.touch(store, name[5:])
+        for key in keys[:4]:
+            with self._lock:
+                if key in self._prefixing or len(self._prefixing) >= 2 or \
+                        os.path.exists(os.path.join(store, key, prefixes.READY)):
+                    continue
+            try:
+                request = prefixes.read_request(requests, key, self._include_roots(), self._compilers())
+            except prefixes.Refused as e:
+                details["prefix_refused"] = str(e)[:300]
+                continue
+            with self._lock:
+                if key in self._prefixing or len(self._prefixing) >= 2:
+                    continue
+                self._prefixing.add(key)
+            self.ev.helpers.submit(self._precompile, request)
+        return store
+
+    def _precompile(self, request: dict) -> None:
+        """One prefix precompiled by a worker of ours (no candidate code, confined as a builder) and put in
+        the store; a failure leaves the store as it was (builds then compile the whole text)."""
+        ev, w, home = self.ev, None, ""
+        try:
+            w = self._spawn_builder()
+            w.keep_home = True
+            home = w.home
+            if not home or ev.closed:
+                return
+            header = os.path.join(home, prefixes.HEADER)   # written before the worker is given anything to do
+            with open(header, "w", encoding="utf-8", newline="") as f:
+                f.write(request["text"])
+            w.send({"role": "precompile", "command": prefixes.precompile_command(request, header, header + ".gch"),
+                    "cpus": ev.other_cpus, "locks": False, "timeout_s": ev.opts.build_timeout_s})
+            msg = w.recv(ev.opts.build_timeout_s + 10)
+            w.kill()
+            if isinstance(msg, dict) and msg.get("kind") == "precompiled" and msg.get("returncode") == 0 \
+                    and not ev.closed:
+                prefixes.publish(self._prefix_store, request, header + ".gch")
+            else:
+                why = msg.get("error") if isinstance(msg, dict) else msg
+                self.header_notes["prefix"] = f"not precompiled: {str(why)[-300:]}"
+        except Exception as e:   # noqa: BLE001 - no prefix is never an evaluation's failure
+            self.header_notes["prefix"] = f"not precompiled: {type(e).__name__}: {e}"
+        finally:
+            if w is not None:
+                w.kill()
+            if home:
+                remove_all(home)
+            with self._lock:
+                self._prefixing.discard(request["key"])
+
+    def _include_roots(self) -> list[str]:
+        """Where a precompiled prefix may read headers from: torch's, CUDA's and Python's include trees."""
+        import importlib.util
+        import sysconfig
+        roots = [sysconfig.get_paths()["include"]]
+        spec = importlib.util.find_spec("torch")
+        if spec and spec.origin:
+            roots.append(os.path.join(os.path.dirname(spec.origin), "include"))
+        nvcc = shutil.which("nvcc", path=self.ev.env().get("PATH"))
+        cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or \
+            (os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else "")
+        return roots + ([cuda] if cuda else [])
+
+    def _compilers(self) -> list[str]:
+        env = self.ev.env()
+        return [c for c in (env.get("CXX"), env.get("CC")) if c and os.path.isabs(c)]
+
     # ---------------------------------------------------------------- helpers
     def _take_builder(self) -> Worker:
         """A build process with torch already imported (the next one starts now); per-source settings
@@ -353,6 +447,9 @@ class Builds:
                                   os.path.join(self.ev.log_dir, f"build-{secrets.token_hex(6)}.log"), gpu=False,
                                   builder=True)
 
+
+
+PREFIX_REQUESTS = "prefix-requests"   # in a builder's home: fast_nvcc's requests (prefixes.py)
 
 
 def _open_ext(cache_dir: str) -> int:

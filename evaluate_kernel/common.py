@@ -350,6 +350,7 @@ class Options:
     use_pch: bool = True
     light_headers: bool = True  # .cu files try light_headers.py's cut-down torch headers first, then the real ones
     fast_nvcc: bool = True  # nvcc's host and device front ends side by side (fast_nvcc.py)
+    prefixes: bool = True  # fast_nvcc's final step from a precompiled prefix where the store has one (prefixes.py)
     poison_bytes: int = 1 << 30
     peak_bytes_per_s: float | None = None
     peak_flops: float | None = None

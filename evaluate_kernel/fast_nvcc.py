@@ -19,12 +19,18 @@ files, a missing tool) goes to the real nvcc unchanged.
 Errors read as nvcc's would: if the host chain fails, its output is what is shown (nvcc stops there too);
 a failure of the device chain alone (a device-only error) shows the device output.
 
+The final step parses the same headers a third time. With ``--prefixes STORE``, where the store holds
+a precompiled header made from exactly the headers' part of cudafe++'s output and the final step's
+arguments (``split_prefix``; prefixes.py keeps the store), the final step reads that part precompiled
+and parses only the file's own code, to the same object file; else, with ``--prefix-requests DIR``, it
+leaves the part and its arguments in DIR for whoever keeps the store.
+
 Use it for any torch extension build with ``PYTORCH_NVCC="python3 fast_nvcc.py"`` (torch puts that
 value in build.ninja); the evaluator uses it by default (``Evaluator(..., fast_nvcc=False)`` turns it off).
 On an H200 machine it compiled a candidate's .cu in 38.0 s instead of nvcc's 50.1 s with torch's headers, and
 in 11.0 s instead of 15.6 s with light_headers.py's; BENCHMARKS.md has the whole builds. Standard library only.
 
-    python3 fast_nvcc.py [--nvcc PATH] <nvcc arguments>
+    python3 fast_nvcc.py [--nvcc PATH] [--prefixes STORE] [--prefix-requests DIR] <nvcc arguments>
 """
 from __future__ import annotations
 
@@ -216,8 +222,132 @@ def _cancel(*chains: _Chain) -> None:
         chain.join()
 
 
-def run(args: list[str], nvcc: str) -> int:
-    """Compile like ``nvcc args``; returns the exit status. The tools' stdout and stderr pass through."""
+# ---------------------------------------------------------------- the final step's precompiled prefix
+# cudafe++'s output is the preprocessed headers, then the file's own code; for two candidates with the same
+# includes and flags the headers' part is the same text but for the build directory's name in its line
+# markers. GCC can take that part from a precompiled header (#include "prefix.h" first), which saves most of
+# the final step's parse; the store of such headers is made by a process that trusts nothing a build wrote
+# but the text it compiles, and a build uses an entry only when its own part is that text exactly.
+MIN_PREFIX = 1 << 20      # bytes; below this a precompiled prefix saves too little for its 200 MB
+BUILD = "@BUILD@"         # the build directory's place in a normalised prefix and argument list
+READY = "READY"           # the store entry's last file
+_FIRST = re.compile(r'# 1 "([^"\\\n]+)/([^"\\/\n]+)"\n')
+_MARKER = re.compile(r'^# \d+ "[^\n]*$', re.M)
+
+
+@dataclass
+class Prefix:
+    """The final step's input cut in two: `text` (normalised) and `rest`, with the key naming them."""
+    key: str
+    arguments: list[str]   # the final command without its input and output, normalised
+    text: str
+    rest: str
+    source: str            # the input file (cudafe++'s output)
+
+
+def split_prefix(final: str, module_id: str = "") -> Prefix | None:
+    """The final command's input cut before the first line after the first that puts the main file in a
+    line marker (where the file's own code starts, or code between its includes), the part before it
+    normalised; None when the command or the text is not that shape, the part is small, or it holds this
+    compile's module id (cudafe++ names a header's anonymous namespaces after it: no other compile has
+    that text, so an entry for it would never serve)."""
+    if "$" in final or "`" in final:
+        return None
+    argv = shlex.split(final)
+    inputs = [a for a in argv if a.endswith(".cudafe1.cpp")]
+    if len(inputs) != 1 or argv.count("-o") != 1:
+        return None
+    try:
+        with open(inputs[0], encoding="utf-8", newline="") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    first = _FIRST.match(text)
+    if first is None:
+        return None
+    directory = first.group(1)
+    main = f"{directory}/{first.group(2)}"
+    cut = re.compile(r'^# \d+ "%s"' % re.escape(main), re.M).search(text, first.end())
+    if cut is None or cut.start() < MIN_PREFIX:
+        return None
+    if module_id and module_id in text[:cut.start()]:
+        return None
+    normal = _MARKER.sub(lambda m: m.group(0).replace(f'"{directory}/', f'"{BUILD}/', 1), text[:cut.start()])
+    k = argv.index("-o")
+    arguments = [a.replace(directory + "/", BUILD + "/") for a in argv[:k] + argv[k + 2:] if a != inputs[0]]
+    return Prefix(prefix_key(arguments, normal), arguments, normal, text[cut.start():], inputs[0])
+
+
+def prefix_key(arguments: list[str], text: str) -> str:
+    """The store's name for a prefix compiled with these arguments (the builder's and the store's alike)."""
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps(arguments).encode() + b"\n" + text.encode()).hexdigest()[:40]
+
+
+def _final(plan: Plan, prefixes: str, requests: str) -> int:
+    """nvcc's last step, with the headers' part of its input from the store where it has that part."""
+    final = plan.final[0]
+    try:
+        with open(plan.module_id_file) as f:
+            module_id = f.read().strip()
+    except OSError:
+        module_id = ""
+    prefix = split_prefix(final, module_id) if prefixes or requests else None
+    entry = os.path.join(prefixes, prefix.key) if prefix and prefixes else ""
+    if entry and os.path.exists(os.path.join(entry, READY)) and '"' not in entry and "\n" not in entry:
+        # In the input's place, under its name (the object names a function after it), the whole kept aside.
+        whole = prefix.source + ".whole"
+        os.rename(prefix.source, whole)
+        with open(prefix.source, "w", encoding="utf-8", newline="") as f:
+            f.write(f'#include "{entry}/prefix.h"\n' + prefix.rest)
+        quick = _Chain(plan.final, plan.env)
+        quick.run()
+        if quick.returncode == 0:
+            _note(requests, f"used-{prefix.key}")
+            quick.show()
+            return 0
+        # A compile that fails with the stored part is compiled as nvcc would: its own messages count.
+        _note(requests, f"failed-{prefix.key}")
+        os.replace(whole, prefix.source)
+    elif prefix and requests:
+        _request(requests, prefix)
+    plain = _Chain(plan.final, plan.env)
+    plain.run()
+    plain.show()
+    return plain.returncode
+
+
+def _note(requests: str, name: str) -> None:
+    if requests:
+        try:
+            os.makedirs(requests, exist_ok=True)
+            open(os.path.join(requests, name), "w").close()
+        except OSError:
+            pass
+
+
+def _request(requests: str, prefix: Prefix) -> None:
+    """Ask for this prefix: its text and arguments in requests/<key>, written aside and renamed."""
+    import json
+    try:
+        os.makedirs(requests, exist_ok=True)
+        if os.path.exists(os.path.join(requests, prefix.key)):
+            return
+        aside = tempfile.mkdtemp(prefix=".request-", dir=requests)
+        with open(os.path.join(aside, "prefix.h"), "w", encoding="utf-8", newline="") as f:
+            f.write(prefix.text)
+        with open(os.path.join(aside, "arguments.json"), "w") as f:
+            json.dump(prefix.arguments, f)
+        os.rename(aside, os.path.join(requests, prefix.key))
+    except OSError:
+        pass   # no request: this build compiled as it would have
+
+
+def run(args: list[str], nvcc: str, prefixes: str = "", requests: str = "") -> int:
+    """Compile like ``nvcc args``; returns the exit status. The tools' stdout and stderr pass through.
+    prefixes: a store of precompiled prefixes for the final step (read only); requests: where to ask for
+    this compile's prefix when the store has none."""
     compile_args, dep_args = split_dependencies(args)
     sources = [a for a in compile_args if a.endswith((".cu", ".cuh"))]
     if len(sources) != 1 or "-c" not in compile_args or any(_PASS_THROUGH.match(a) for a in compile_args):
@@ -256,19 +386,16 @@ def run(args: list[str], nvcc: str) -> int:
             return deps.returncode
         if lists is not None:
             _write_dependencies(dep_args[-1], dep_args[2], lists)
-        final = _Chain(plan.final, plan.env)
-        final.run()
-        final.show()
-        return final.returncode
+        return _final(plan, prefixes, requests)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
-    nvcc = shutil.which("nvcc") or "nvcc"
-    if argv[:1] == ["--nvcc"]:
-        nvcc, argv = argv[1], argv[2:]
-    return run(argv, nvcc)
+    nvcc, options = shutil.which("nvcc") or "nvcc", {}
+    while argv[:1] and argv[0] in ("--nvcc", "--prefixes", "--prefix-requests") and len(argv) > 1:
+        options[argv[0]], argv = argv[1], argv[2:]
+    return run(argv, options.get("--nvcc", nvcc), options.get("--prefixes", ""), options.get("--prefix-requests", ""))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""The worker roles: builder, runner (the candidate's process) and reference worker.
+"""The worker roles: builder, runner (the candidate's process), reference worker and precompiler.
 
 `python -I -B -c BOOT CODE_DIR --worker FD [warm PARENT_PID]` (protocol.BOOT: CODE_DIR, the private copy's
 import directory, goes on the path, then main() here) reads jobs on stdin and answers on pipe FD (protocol.py
 has the table of message kinds). The builder and runner execute untrusted code; the reference worker never
-does, and computes every reference output and every comparison.
+does, and computes every reference output and every comparison; the precompiler, confined as a builder,
+runs one compiler command of the parent's on a prefix a build asked for (prefixes.py).
 """
 from __future__ import annotations
 
@@ -64,12 +65,15 @@ def main() -> None:
         job.pop("nonce", None)
     os.environ.update(job.get("env", {}))  # build dir and arch list of this candidate
     role = job["role"]
-    if job.get("cpus") and role in ("build", "run"):
+    if job.get("cpus") and role in ("build", "run", "precompile"):
         show_cpus(job["cpus"])   # what counts the machine's cores (ninja, OpenMP sized by it) counts these
     if role == "build":
         # Before any candidate code: on its cores, and so is every compiler it starts (confine.py).
         confine_builder(job.get("cpus"), locks=bool(job.get("locks", True)))
         _role_build(job, send)
+    elif role == "precompile":
+        confine_builder(job.get("cpus"), locks=bool(job.get("locks", True)))
+        _role_precompile(job, send)
     elif role == "run":
         # Before any candidate code: this process and all it starts stay on the runner's cores (confine.py).
         state["confined"] = confine(job.get("cpus"), no_processes=bool(job.get("no_processes")))
@@ -120,9 +124,23 @@ def _role_build(job: dict, send) -> None:
                   "deferred_error": _short_traceback(e), "calls": record["calls"], **_headers_used(record)})
 
 
+def _role_precompile(job: dict, send) -> None:
+    """Compile a prefix a build asked for (prefixes.py) into its precompiled form, confined as a builder
+    is; no candidate code runs here, and the command is the parent's (checked against its allow-list)."""
+    import subprocess
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(job["command"], capture_output=True, text=True, timeout=job.get("timeout_s", 600))
+        send({"kind": "precompiled", "returncode": proc.returncode, "error": proc.stderr[-2000:],
+              "seconds": time.perf_counter() - t0})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        send({"kind": "precompiled", "returncode": -1, "error": f"{type(e).__name__}: {e}",
+              "seconds": time.perf_counter() - t0})
+
+
 def _headers_used(record: dict) -> dict:
     return {"headers": record.get("headers"), "light": record.get("light"), "pch": record.get("pch"),
-            "binding": record.get("binding"),
+            "binding": record.get("binding"), "prefix": record.get("prefix"),
             "optimised": record.get("optimised"), "wants_optimised": record.get("wants_optimised")}
 
 
