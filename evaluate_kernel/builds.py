@@ -347,19 +347,19 @@ class Builds:
 
     # ---------------------------------------------------------------- precompiled prefixes
     def take_requests(self, requests: str, details: dict) -> str:
-        """The prefixes a dead builder asked for (fast_nvcc.py), read now (its home goes next), checked
-        (prefixes.read_request) and precompiled beside the evaluations, two at most at once; a refusal is
-        noted in details. Returns the store."""
+        """The prefix a dead builder asked for (fast_nvcc.py), read now (its home goes next), checked
+        (prefixes.read_request) and precompiled beside the evaluations: one a build (a candidate's code
+        could ask for any number), two at most at once; a refusal is noted in details. Returns the store."""
         store = self._prefix_store
         if not store or not self.ev.isolated or os.path.islink(requests) or not os.path.isdir(requests):
             return store
         with os.scandir(requests) as found:
             names = [e.name for _, e in zip(range(64), found)]
-        keys = [n for n in names if len(n) == 40]
+        keys = sorted(n for n in names if len(n) == 40)
         for name in names:   # an entry used now is kept longer (the store drops the least recently used)
             if name.startswith("used-"):
                 prefixes.touch(store, name[5:])
-        for key in keys[:4]:
+        for key in keys[:1]:
             with self._lock:
                 if key in self._prefixing or len(self._prefixing) >= 2 or \
                         os.path.exists(os.path.join(store, key, prefixes.READY)):
@@ -390,8 +390,9 @@ class Builds:
             with open(header, "w", encoding="utf-8", newline="") as f:
                 f.write(request["text"])
             w.send({"role": "precompile", "command": prefixes.precompile_command(request, header, header + ".gch"),
-                    "cpus": ev.other_cpus, "locks": False, "timeout_s": ev.opts.build_timeout_s})
-            msg = w.recv(ev.opts.build_timeout_s + 10)
+                    "cpus": ev.other_cpus, "locks": False, "timeout_s": prefixes.TIMEOUT_S,
+                    "memory": prefixes.MAX_MEMORY})
+            msg = w.recv(prefixes.TIMEOUT_S + 10)
             w.kill()
             if isinstance(msg, dict) and msg.get("kind") == "precompiled" and msg.get("returncode") == 0 \
                     and not ev.closed:

@@ -270,12 +270,29 @@ def split_prefix(final: str, module_id: str = "") -> Prefix | None:
     cut = re.compile(r'^# \d+ "%s"' % re.escape(main), re.M).search(text, first.end())
     if cut is None or cut.start() < MIN_PREFIX:
         return None
-    if module_id and module_id in text[:cut.start()]:
+    if module_id and module_id in text[:cut.start()] or not _pragmas_keep(text[:cut.start()]):
         return None
     normal = _MARKER.sub(lambda m: m.group(0).replace(f'"{directory}/', f'"{BUILD}/', 1), text[:cut.start()])
     k = argv.index("-o")
     arguments = [a.replace(directory + "/", BUILD + "/") for a in argv[:k] + argv[k + 2:] if a != inputs[0]]
     return Prefix(prefix_key(arguments, normal), arguments, normal, text[cut.start():], inputs[0])
+
+
+def _pragmas_keep(text: str) -> bool:
+    """Whether GCC compiles what follows `text` alike from its text and from it precompiled. GCC 12 drops
+    some pragmas' state at a precompiled header's end (pack, visibility; a struct after it had another
+    size): only diagnostics, which change no code, and visibility pushed and popped within may appear."""
+    depth = 0
+    for m in re.finditer(r"^[ \t]*#[ \t]*pragma\b[ \t]*(.*)$", text, re.M):
+        words = m.group(1).replace("(", " ").split()
+        if words[:2] == ["GCC", "diagnostic"]:
+            continue
+        if words[:3] not in (["GCC", "visibility", "push"], ["GCC", "visibility", "pop"]):
+            return False
+        depth += 1 if words[2] == "push" else -1
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def prefix_key(arguments: list[str], text: str) -> str:

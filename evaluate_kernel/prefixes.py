@@ -6,7 +6,7 @@ own code. For candidates with the same includes and flags that headers' part is 
 compiles it from a precompiled header when the store has one for exactly that text and those arguments,
 and otherwise leaves a request in its builder's home. The flow, after a builder is dead:
 
-    request = prefixes.read_request(home_requests, key)   # its text and arguments, bounded and checked
+    request = prefixes.read_request(requests, key, roots, compilers)   # text and arguments, checked
     command = prefixes.precompile_command(request, header, out)  # run in a confined worker (builds.py)
     prefixes.publish(store, request, out)                  # one rename: text, precompiled form, READY
 
@@ -16,17 +16,21 @@ What it guarantees:
   is computed here, the text in the entry is our own copy, and the compile runs in a worker of ours that
   runs no candidate code, confined as builders are (what it reads, a builder could read), with arguments
   from an allow-list (a host compiler we name, no plugin, wrapper, specs or file of options, include
-  directories of torch, CUDA and Python only). A build uses an entry only when its own text and arguments
-  hash to its name (fast_nvcc.split_prefix), so what it compiles is what it would have compiled.
+  directories of torch, CUDA and Python only), one request a build, bounded in CPU time and memory
+  (TIMEOUT_S, MAX_MEMORY: the text can be slow to compile on purpose). A build uses an entry only when its
+  own text and arguments hash to its name (fast_nvcc.split_prefix), so what it compiles is what it would
+  have compiled.
 * GCC itself refuses a precompiled form made by another compiler or with incompatible options, and then
   parses the entry's text: slower, never different. A compile that fails with the entry is compiled again
   without it, and its own messages count.
-* The store is bounded (MAX_ENTRIES, the least recently used go first), read-only to builders, and an entry appears in
-  one rename, so no build reads one half-written.
+* The store is bounded (MAX_ENTRIES, the least recently used go first), read-only to builders, and an
+  entry appears in one rename, so no build reads one half-written.
 
 Left open: a compiler bug that a crafted text could exploit inside the confined worker would let that
 text's author choose what an entry holds for the same text; candidates with the same text would then
-compile to that. Standard library only.
+compile to that. A candidate can have one entry of its choosing made per build, which pushes out an entry
+no build used in the last MAX_ENTRIES publications: later builds are slower, never different. Standard
+library only.
 """
 from __future__ import annotations
 
@@ -43,6 +47,9 @@ from .sandbox import read_plain, remove_all
 MAX_ENTRIES = 6               # about 230 MB each
 MAX_TEXT = 64 << 20           # a request's text, at most
 MAX_GCH = 1 << 30             # a precompiled form, at most
+# A request's compile, at most: its text is candidate code's choice (a constant that takes GCC seconds a
+# line held two compilers for the build timeout's 600 s after the verdict). Real ones: 8-11 s, under 1 GB.
+TIMEOUT_S, MAX_MEMORY = 60, 4 << 30
 HEADER, GCH = "prefix.h", "prefix.h.gch"
 COMPILERS = ("gcc", "g++", "c++", "cc")
 # Options of nvcc's final step that change nothing but the compile itself: no file read or program run.
@@ -77,8 +84,8 @@ def read_request(requests: str, key: str, include_roots: list[str], compilers: l
     if not (isinstance(arguments, list) and 0 < len(arguments) < 400 and
             all(isinstance(a, str) and 0 < len(a) < 4096 and "\0" not in a for a in arguments)):
         raise Refused("its arguments are not a list of strings")
-    if len(text) < MIN_PREFIX:
-        raise Refused("its text is too short to be worth precompiling")
+    if len(text) < MIN_PREFIX or not text.startswith(f'# 1 "{BUILD}/'):
+        raise Refused("its text is not the headers' part of cudafe++'s output that fast_nvcc cuts")
     check_arguments(arguments, include_roots, compilers)
     if prefix_key(arguments, text) != key:
         raise Refused("its name is not the hash of its text and arguments")

@@ -14,7 +14,7 @@ Message kinds (-> parent to worker on stdin; <- worker to parent on the pipe):
 | any    | ->  | role=build     | candidate_src, reference_src, build, ... | exec the candidate, no GPU; one ModelNew |
 | build  | <-  | built          | compile_s, has_model, calls, headers     | imported, constructed; libraries built   |
 | build  | <-  | compile_error  | error, compile_s                         | a load_inline call failed                |
-| any    | ->  | role=precompile| command, cpus                            | a prefix's precompiled form (prefixes.py)|
+| any    | ->  | role=precompile| command, cpus, timeout_s, memory         | a prefix's precompiled form (prefixes.py)|
 | precomp| <-  | precompiled    | returncode, error, seconds               | the compiler's exit; no candidate code   |
 | any    | ->  | role=run       | mode, candidate_src, trials, cpus, ...   | import the candidate, run the trials     |
 | runner | <-  | outputs        | path, unmapped, relaid, marks, confined  | trial outputs saved to path              |

@@ -127,10 +127,18 @@ def _role_build(job: dict, send) -> None:
 def _role_precompile(job: dict, send) -> None:
     """Compile a prefix a build asked for (prefixes.py) into its precompiled form, confined as a builder
     is; no candidate code runs here, and the command is the parent's (checked against its allow-list)."""
+    import resource
     import subprocess
     t0 = time.perf_counter()
+
+    def bounded() -> None:   # the compiler's memory and CPU time (its text is candidate code's choice)
+        memory, seconds = int(job.get("memory", 4 << 30)), int(job.get("timeout_s", 60))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
+
     try:
-        proc = subprocess.run(job["command"], capture_output=True, text=True, timeout=job.get("timeout_s", 600))
+        proc = subprocess.run(job["command"], capture_output=True, text=True, timeout=job.get("timeout_s", 60),
+                              preexec_fn=bounded)
         send({"kind": "precompiled", "returncode": proc.returncode, "error": proc.stderr[-2000:],
               "seconds": time.perf_counter() - t0})
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -75,6 +75,20 @@ def test_no_cut_for_a_small_part_a_module_id_in_it_or_another_shape(tmp_path, sm
     assert fast_nvcc.split_prefix(f"g++ -c x.cpp -o x.o") is None
 
 
+@pytest.mark.parametrize("pragmas, cut", [
+    (["#pragma GCC diagnostic push", "#pragma GCC diagnostic ignored \"-Wall\""], True),   # warnings only
+    (["#pragma GCC visibility push(default)", "int v();", "#pragma GCC visibility pop"], True),
+    (["#pragma GCC visibility push(hidden)"], False),   # GCC 12 drops it at a precompiled header's end
+    (["#pragma pack(push, 1)", "struct P { char c; int i; };", "#pragma pack(pop)"], False),
+    (["#pragma pack(1)"], False),
+    (["  #  pragma weak w"], False),
+    (["#pragma GCC optimize (\"O0\")"], False),
+    (["#pragma GCC visibility pop", "#pragma GCC visibility push(default)"], False)])
+def test_a_part_whose_pragmas_a_precompiled_header_would_lose_is_not_cut(tmp_path, small, pragmas, cut):
+    a = cudafe_output(tmp_path / "a", extra_header="\n".join(pragmas))
+    assert (fast_nvcc.split_prefix(final_command(a, tmp_path / "a.o")) is not None) == cut
+
+
 def plan_for(command: str) -> fast_nvcc.Plan:
     return fast_nvcc.Plan(env=dict(os.environ), final=[command])
 
@@ -220,25 +234,40 @@ def test_the_evaluator_precompiles_a_builder_s_request_in_a_confined_worker(tmp_
     if problem:
         pytest.skip(f"no namespace here: {problem}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    requests = tmp_path / "home" / "prefix-requests"
     a = cudafe_output(tmp_path / "a")
-    good = fast_nvcc.split_prefix(final_command(a, tmp_path / "a.o"))
-    fast_nvcc._request(str(requests), good)
     bad = fast_nvcc.split_prefix(final_command(a, tmp_path / "a.o", ARGS + ["-I/tmp/mine"]))
-    fast_nvcc._request(str(requests), bad)
+    fast_nvcc._request(str(tmp_path / "home1" / "prefix-requests"), bad)
+    # a build that asks for two: one is taken (candidate code could ask for any number)
+    good = fast_nvcc.split_prefix(final_command(a, tmp_path / "a.o"))
+    other = fast_nvcc.split_prefix(final_command(a, tmp_path / "a.o", ARGS + ["-DOTHER"]))
+    for prefix in (good, other):
+        fast_nvcc._request(str(tmp_path / "home2" / "prefix-requests"), prefix)
+    # a text that keeps the compiler busy (seconds a line) is stopped at the time limit
+    burn = (f'# 1 "{fast_nvcc.BUILD}/cuda.cu"\nconstexpr unsigned long burn(unsigned long n, unsigned long s) '
+            "{ unsigned long x = s; for (unsigned long i = 0; i < n; ++i) x = x * 6364136223846793005UL + i; "
+            "return x; }\n" + "".join(f"constexpr unsigned long v{i} = burn(250000, {i});\n" for i in range(40)))
+    fast_nvcc._request(str(tmp_path / "home3" / "prefix-requests"),
+                       fast_nvcc.Prefix(fast_nvcc.prefix_key(ARGS, burn), ARGS, burn, "", ""))
+    monkeypatch.setattr(prefixes, "TIMEOUT_S", 2)
     ref = (Path(__file__).parent / "candidates_cpu" / "reference_small.py").read_text()
     with ek.Evaluator(ref, device="cpu", cache_dir=str(tmp_path / "cache"), warm_runners=False) as ev:
         details: dict = {}
-        store = ev.builds.take_requests(str(requests), details)
+        store = ev.builds.take_requests(str(tmp_path / "home1" / "prefix-requests"), details)
         assert "include directory '/tmp/mine'" in details["prefix_refused"]
+        t0 = time.time()
+        for home in ("home3", "home2"):
+            ev.builds.take_requests(str(tmp_path / home / "prefix-requests"), details)
         deadline = time.time() + 120
-        while time.time() < deadline and prefixes.entries(store) != [good.key]:
+        while time.time() < deadline and not (prefixes.entries(store) and "prefix" in ev.builds.header_notes):
             time.sleep(0.2)
-    assert prefixes.entries(store) == [good.key], ev.builds.header_notes
+        assert "timed out after 2 seconds" in ev.builds.header_notes["prefix"] and time.time() - t0 < 30
+        time.sleep(1)
+    first = min(good, other, key=lambda p: p.key)   # the requests are taken in their names' order
+    assert prefixes.entries(store) == [first.key], ev.builds.header_notes
     b = cudafe_output(tmp_path / "b", code="int candidate() { return S9::f(); }")
-    r = subprocess.run(["/bin/sh", "-c", final_command(b, tmp_path / "whole.o")], capture_output=True)
+    r = subprocess.run(["/bin/sh", "-c", final_command(b, tmp_path / "whole.o", first.arguments)], capture_output=True)
     assert r.returncode == 0
     used = tmp_path / "used"
-    assert fast_nvcc._final(plan_for(final_command(b, tmp_path / "b.o")), store, str(used)) == 0
-    assert os.listdir(used) == [f"used-{good.key}"]
+    assert fast_nvcc._final(plan_for(final_command(b, tmp_path / "b.o", first.arguments)), store, str(used)) == 0
+    assert os.listdir(used) == [f"used-{first.key}"]
     assert (tmp_path / "b.o").read_bytes() == (tmp_path / "whole.o").read_bytes()
