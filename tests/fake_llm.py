@@ -49,7 +49,7 @@ class ScriptedLLM:
         return len(self.replies) - len(self.prompts)
 
 
-_DIRECTIONS = [
+DIRECTIONS = [
     "Fuse the elementwise epilogue into one CUDA kernel so the intermediate tensor is read and written once",
     "Compute the normalisation statistics with a warp-shuffle tree reduction in a single pass",
     "Vectorise global memory access with float4 loads and stores in the fused kernel",
@@ -92,10 +92,10 @@ class RuleBasedLLM:
     def _idea_generation(self, prompt: str) -> str:
         m = re.search(r"Brainstorm (\d+) distinct", prompt)
         n = max(1, min(int(m.group(1)) if m else 3, 8))
-        start = self._h(prompt) % len(_DIRECTIONS)
+        start = self._h(prompt) % len(DIRECTIONS)
         parts = ["Let me think about where time goes in the current program.\n"]
         for k in range(n):
-            idea = _DIRECTIONS[(start + k) % len(_DIRECTIONS)]
+            idea = DIRECTIONS[(start + k) % len(DIRECTIONS)]
             parts.append(f"**Idea {k + 1}**\nIdea: {idea}.\nReasoning: it removes memory traffic.\n")
         ids = [int(x) for x in re.findall(r"\d+", m.group(1))] if (m := re.search(r"\(ids: ([\d, ]+)\)", prompt)) else []
         pick = self._h(prompt, "choice") % (n + len(ids))
