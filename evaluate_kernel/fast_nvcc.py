@@ -34,6 +34,8 @@ in 11.0 s instead of 15.6 s with light_headers.py's; BENCHMARKS.md has the whole
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import secrets
@@ -297,8 +299,6 @@ def _pragmas_keep(text: str) -> bool:
 
 def prefix_key(arguments: list[str], text: str) -> str:
     """The store's name for a prefix compiled with these arguments (the builder's and the store's alike)."""
-    import hashlib
-    import json
     return hashlib.sha256(json.dumps(arguments).encode() + b"\n" + text.encode()).hexdigest()[:40]
 
 
@@ -346,7 +346,6 @@ def _note(requests: str, name: str) -> None:
 
 def _request(requests: str, prefix: Prefix) -> None:
     """Ask for this prefix: its text and arguments in requests/<key>, written aside and renamed."""
-    import json
     try:
         os.makedirs(requests, exist_ok=True)
         if os.path.exists(os.path.join(requests, prefix.key)):

@@ -104,7 +104,7 @@ def check_arguments(arguments: list[str], include_roots: list[str], compilers: l
         if _REFUSED.match(a):
             raise Refused(f"option {a[:100]!r}")
         if a in ("-isystem", "-I", "-x") and i + 1 < len(rest):
-            a, value, i = a, rest[i + 1], i + 1
+            value, i = rest[i + 1], i + 1
         elif a.startswith("-I") and len(a) > 2:
             a, value = "-I", a[2:]
         elif _PLAIN.match(a):
@@ -165,7 +165,7 @@ def publish(store: str, request: dict, gch: str) -> str:
     try:
         os.rename(aside, final)
     except OSError:   # another Evaluator's entry got there first: the same compile of the same text
-        _remove(aside)
+        remove_all(aside)
     _bound(store)
     return final
 
@@ -198,17 +198,8 @@ def _bound(store: str) -> None:
     # A build reading an entry that goes keeps its open files (unlinked, still whole); a build that looks
     # for it after it went compiles without it.
     for name in entries(store)[:-MAX_ENTRIES]:
-        _remove(os.path.join(store, name))
+        remove_all(os.path.join(store, name))
     for name in os.listdir(store):   # what an interrupted publish left aside, after an hour
         path = os.path.join(store, name)
         if name.startswith(".entry-") and time.time() - os.lstat(path).st_mtime > 3600:
-            _remove(path)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.chmod(path, 0o755)
-    except OSError:
-        pass
-    remove_all(path)
-
+            remove_all(path)

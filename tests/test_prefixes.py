@@ -250,7 +250,8 @@ def test_the_evaluator_precompiles_a_builder_s_request_in_a_confined_worker(tmp_
                        fast_nvcc.Prefix(fast_nvcc.prefix_key(ARGS, burn), ARGS, burn, "", ""))
     monkeypatch.setattr(prefixes, "TIMEOUT_S", 2)
     ref = (Path(__file__).parent / "candidates_cpu" / "reference_small.py").read_text()
-    with ek.Evaluator(ref, device="cpu", cache_dir=str(tmp_path / "cache"), warm_runners=False) as ev:
+    with ek.Evaluator(ref, device="cpu", cache_dir=str(tmp_path / "cache"), warm_runners=False,
+                      eager_baseline=False) as ev:
         details: dict = {}
         store = ev.builds.take_requests(str(tmp_path / "home1" / "prefix-requests"), details)
         assert "include directory '/tmp/mine'" in details["prefix_refused"]
