@@ -257,8 +257,8 @@ def _nvcc(flags: list[str], work: Path, *args: str) -> subprocess.CompletedProce
 def test_a_complex_number_the_scan_cannot_see_fails_to_compile_with_thrust_declared_only(tmp_path):
     # A kernel file with no complex number compiles with thrust's complex type declared only (host and device
     # code: nvcc -c, the whole pipeline); one that uses c10's complex math behind token pasting fails in the
-    # host front end (nvcc --cuda: preprocessing and cudafe++, which parses host and device code), naming the
-    # declared type: the real headers then decide. The two compiles run side by side.
+    # host front end, cudafe++, which parses host and device code (nvcc --cuda: the steps before the final host
+    # compile), naming the declared type: the real headers then decide. The two compiles run side by side.
     flags, dirs = _kernel_files(tmp_path)
     with ThreadPoolExecutor(2) as pool:
         plain = pool.submit(_nvcc, flags, dirs["plain"], f"-I{dirs['plain'] / 'light'}", "-c", "k.cu", "-o", "k.o")
@@ -269,7 +269,7 @@ def test_a_complex_number_the_scan_cannot_see_fails_to_compile_with_thrust_decla
     assert hidden.returncode != 0 and "thrust::complex<float>" in hidden.stdout + hidden.stderr
 
 
-@pytest.mark.slow   # 35 s on the 2-core machine: cudafe++ over torch's real headers
+@pytest.mark.slow   # 35 s on the 2-core machine: nvcc --cuda over torch's real headers
 @pytest.mark.skipif(NVCC is None, reason="needs CUDA's nvcc (no GPU needed)")
 def test_the_hidden_complex_number_compiles_with_torch_s_headers(tmp_path):
     # The other half of the test above: the failure is the declarations', not the source's.
