@@ -2,11 +2,12 @@
 workers (pytest-xdist, `-n auto --dist loadfile` in pytest.ini), each taking a whole test file at a time.
 
 Most of a CPU test is one process waiting on another (a worker importing torch, a build, a runner's batch,
-which is timed by its CPU time), so three files at once keep two cores busy: 369-401 s instead of 627 s on
+which is timed by its CPU time), so three files at once keep two cores busy: 369-436 s instead of 627 s on
 the 2-core development VM (two workers: 410-423 s; four: slower again). A test that looks at the machine's
 processes looks only at its own process's descendants. Where CUDA is available the suite stays in one
 process: the GPU tests time kernels on the one device, and another file's kernels beside them would be in
 their measurements. `-n 0` runs it in one process anywhere; PYTEST_XDIST_AUTO_NUM_WORKERS=N sets the workers."""
+import functools
 import os
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 CPU_WORKERS = 3
 
 
+@functools.cache   # asked by both hooks below in one process
 def _cuda_available() -> bool:
     try:
         import torch
