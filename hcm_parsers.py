@@ -17,7 +17,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from hcm_state import clip
+from hcm_state import clip, parse_python
 
 SUMMARY_CHARS = 800       # key findings kept per summary (the prompt asks for four sentences)
 IMPLEMENTED_CHARS = 400   # the implementer's description kept per record (the prompt asks for two sentences)
@@ -43,7 +43,7 @@ def _fenced_blocks(text: str) -> tuple[list[str], bool]:
 
 def _defines_model_new(code: str) -> bool:
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except (SyntaxError, ValueError):
         return False
     return any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
@@ -78,7 +78,7 @@ def code_problem(text: str) -> str:
     for code in reversed(blocks):
         if re.search(r"^\s*class\s+ModelNew\b", code, re.M):
             try:
-                ast.parse(code)
+                parse_python(code)
             except SyntaxError as exc:
                 return f"the code defining ModelNew does not parse (line {exc.lineno}: {exc.msg})"
     return "no code block defines a top-level `class ModelNew`"

@@ -11,6 +11,7 @@ their records, and what "the same program" means.
     clip()      the one way text is shortened: at a word, with a mark saying how much was cut
     merge_pools()  crossover (§3.3): a partner's ideas join P; matching ideas receive the partner's records
     program_hash() the duplicate filter's identity of a program (comments and layout ignored)
+    parse_python() ast.parse, safe to call from several threads at once
 
 Everything round-trips through JSON (to_dict / from_dict); unknown keys are ignored so older and newer
 snapshots load.
@@ -20,9 +21,16 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import threading
 from dataclasses import asdict, dataclass, field, fields
 
 STATE_VERSION = 1
+
+# CPython 3.11 before 3.11.8 keeps ast.parse's recursion count once per interpreter, so two
+# threads parsing at once (the islands do) can fail with "AST constructor recursion depth mismatch". Every
+# parse in the process takes one lock; it is kept on the ast module so that the evaluator's screen, which
+# imports nothing of ours, finds the same one.
+_PARSE_LOCK = ast.__dict__.setdefault("_pacevolve_parse_lock", threading.RLock())
 
 
 def _from(cls, d: dict):
@@ -265,11 +273,17 @@ def normalise_program(src: str) -> str:
     removed, runs of spaces collapsed and blank lines dropped. Idempotent. Source that does not parse
     falls back to dropping '#' comment lines and collapsing whitespace."""
     try:
-        tree = _StringNormaliser().visit(ast.parse(src.replace("\r\n", "\n")))
+        tree = _StringNormaliser().visit(parse_python(src.replace("\r\n", "\n")))
         return ast.unparse(tree)
     except (SyntaxError, ValueError, RecursionError):
         lines = (" ".join(line.split("#", 1)[0].split()) for line in src.splitlines())
         return "\n".join(line for line in lines if line)
+
+
+def parse_python(src: str) -> ast.Module:
+    """ast.parse, one thread at a time (see _PARSE_LOCK)."""
+    with _PARSE_LOCK:
+        return ast.parse(src)
 
 
 def program_hash(src: str) -> str:

@@ -376,6 +376,18 @@ class Builds:
             self.ev.helpers.submit(self._precompile, request)
         return store
 
+    def prefixes_settled(self, timeout_s: float) -> bool:
+        """Waits until no prefix is being precompiled (a benchmark's way to measure a long search's builds,
+        which find their prefix stored); True if none is, False at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if not self._prefixing:
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
     def _precompile(self, request: dict) -> None:
         """One prefix precompiled by a worker of ours (no candidate code, confined as a builder) and put in
         the store; a failure leaves the store as it was (builds then compile the whole text)."""

@@ -14,7 +14,11 @@ import re
 import threading
 from dataclasses import dataclass
 
-_PARSE_LOCK = threading.Lock()
+# CPython 3.11 before 3.11.8 keeps ast.parse's recursion count once per interpreter, so threads
+# parsing at once (evaluations screened side by side) can fail with "AST constructor recursion depth
+# mismatch". One lock for every parse in the process, kept on the ast module so that code outside this
+# package that parses in threads (the search's duplicate filter) can take the same one without importing it.
+_PARSE_LOCK = ast.__dict__.setdefault("_pacevolve_parse_lock", threading.RLock())
 
 # ======================================================================================================
 # Static screen: rules as data, so messages and docs come from one place
@@ -244,7 +248,7 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
 def screen(src: str) -> ScreenVerdict:
     """Static screen before any build: syntax, a ModelNew class, and the RULES."""
     try:
-        with _PARSE_LOCK:   # CPython 3.11's parser can fail when threads parse at once (recursion depth mismatch)
+        with _PARSE_LOCK:
             tree = ast.parse(src)
     except SyntaxError as e:
         return ScreenVerdict("invalid", f"SyntaxError at line {e.lineno}: {e.msg}", line=e.lineno or 0)

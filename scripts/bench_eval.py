@@ -11,11 +11,13 @@ hand-written conv_groupnorm candidate in tests/kernels/conv_groupnorm_fused.py. 
   3. agreement with an independent measurement done here, in this process, by KernelBench's timer (CUDA
      events around each call, an L2 flush before it, median of 50), for the reference and the candidate;
   4. throughput: K distinct candidates (the fused kernel with a harmless constant changed, so each needs
-     its own build) submitted at once from K threads, new and then built, with Evaluator(gpus=[0]) and,
-     where there are several GPUs, with all of them (other new sources), their ratio to linear scaling,
-     and the same candidate's speedup on each GPU alone.
+     its own build) submitted at once from K threads, new and then built (after a first build has stored
+     torch's header and the .cu's precompiled prefix, as a search's first candidate does), with
+     Evaluator(gpus=[0]) and, where there are several GPUs, with all of them (other new sources), their
+     ratio to linear scaling, and the same candidate's speedup on each GPU alone.
 Writes a markdown table (date, GPU, torch/CUDA versions, every figure) to stdout and to --out.
-Budget: about 5-8 minutes on one H100/H200 machine with 16 cores (K=6).
+Budget: about 2.5-8 minutes on one H100/H200 machine with 16 cores (K=6; 142 s on a fresh H200 with
+--new 3 --repeats 3).
 
     python3 scripts/bench_eval.py --out runs/bench_eval.md
 """
@@ -294,6 +296,13 @@ def main() -> int:
             why = ev.builds.header_notes.get("binding", "")
             add("binding header (binding_header.py)", f"{binding or 'none: ' + why}; waited "
                                                       f"{time.perf_counter() - t_wait:.1f} s after the cold evaluation")
+            # The cold build asked for its .cu's prefix (prefixes.py); a search's later candidates find it
+            # stored, so the figures below wait for it.
+            t_wait = time.perf_counter()
+            settled = ev.builds.prefixes_settled(timeout_s=120)
+            add("precompiled prefix", f"{'stored' if settled else 'still precompiling'} "
+                                      f"{time.perf_counter() - t_wait:.1f} s after the binding header "
+                                      f"({ev.builds.header_notes.get('prefix', 'no failure noted')})")
             fresh_walls = []
             for i in range(args.new):
                 fresh, fresh_wall = timed_evaluate(ev, variant(src, 90 + i))
@@ -358,9 +367,11 @@ def main() -> int:
     if len(all_gpus) > 1:
         rounds += [(f"{len(all_gpus)} GPUs, new candidates", all_gpus, [variant(src, 101 + i) for i in range(args.k)]),
                    (f"{len(all_gpus)} GPUs, built candidates", all_gpus, sources)]
-    if not over_budget():   # torch's precompiled header, built once per cache by the first build: not any round's
+    if not over_budget():   # torch's precompiled header and the .cu's prefix, made once by the first build:
+        # not any round's, since a search makes them once in its hours
         with evaluate_kernel.Evaluator.for_task(task, gpus=[0], cache_dir=tp_cache, eager_baseline=False, **opts) as ev:
             ev.evaluate(variant(src, 999))
+            ev.builds.prefixes_settled(timeout_s=120)
     per_hour = {}
     for label, gpus, srcs in rounds:
         if over_budget():

@@ -89,3 +89,49 @@ def test_normalise_is_idempotent_and_comment_blind(lines, noise):
     once = hcm_state.normalise_program(src)
     assert hcm_state.normalise_program(once) == once
     assert hcm_state.normalise_program(noisy) == once
+
+
+def test_programs_parse_in_threads_at_once():
+    """The islands hash and extract programs in threads while evaluations screen theirs. CPython 3.11 before
+    3.11.8 fails such parses ("AST constructor recursion depth mismatch") when a collection runs
+    Python code mid-parse and another thread parses meanwhile; a collector callback makes that happen often
+    here. On a fixed CPython this shows nothing either way."""
+    import difflib
+    import gc
+    import threading
+
+    from evaluate_kernel.screen import screen
+    import hcm_parsers
+
+    def switch_threads(phase, info):   # Python code inside a collection: the interpreter may switch threads
+        list(difflib.unified_diff([str(k) for k in range(40)], [str(k + 1) for k in range(40)]))
+
+    helpers = (f"\n\ndef helper_{k}(x):\n    return [x * {k} + i for i in range(3) if i != {k}]\n" for k in range(100))
+    source, failures = prog(3) + "".join(helpers), []   # long enough that collections fall inside its parse
+
+    def parse(k: int):
+        try:
+            for _ in range(5):
+                if k % 3 == 0:
+                    hcm_state.program_hash(source)
+                elif k % 3 == 1:
+                    hcm_parsers.extract_code(f"```python\n{source}```")
+                else:
+                    screen(source)
+        except SystemError as e:
+            failures.append(e)
+
+    gc.callbacks.append(switch_threads)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(200)   # collections every few hundred allocations: many fall inside a parse
+    try:
+        for _ in range(2):
+            threads = [threading.Thread(target=parse, args=(k,)) for k in range(9)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        gc.callbacks.remove(switch_threads)
+        gc.set_threshold(*thresholds)
+    assert not failures, failures[0]
