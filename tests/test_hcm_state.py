@@ -1,5 +1,6 @@
 """HCM's state (hcm_state.py): the idea pool and the permanent log round-trip through JSON after real
-generations and for any content (hypothesis), and a program's hash ignores comments and layout but not code.
+generations and for any content (hypothesis), a program's hash ignores comments and layout but not code, and
+programs parse from several threads at once.
 Run: python3 -m pytest -q tests/test_hcm_state.py
 """
 from __future__ import annotations
