@@ -115,6 +115,15 @@ def test_every_slow_test_is_named_in_the_readme_and_in_docs_testing():
     assert [name for name in slow if f"`{name}" not in setup or f"`{name}" not in testing] == []
 
 
+def test_the_readme_s_cpu_torch_is_requirements_txt_s_range():
+    """The README's command for torch's CPU build asks for the range requirements.txt asks for (else the next
+    install would replace it)."""
+    wanted = next(line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()
+                  if line.startswith("torch"))
+    setup = " ".join(README.split("\n## Set up", 1)[1].split("\n## ", 1)[0].split())
+    assert f'pip install "{wanted}" --index-url https://download.pytorch.org/whl/cpu' in setup
+
+
 def test_the_readme_reads_in_one_sitting():
     assert len(README.splitlines()) <= 250
     for doc in re.findall(r"\]\(([^)#]+)\)", README):

@@ -191,6 +191,21 @@ def test_the_shipped_example_replays_with_todays_prompts(tmp_path, monkeypatch, 
     assert size < 400_000, f"the shipped example grew to {size:,} bytes"
 
 
+def test_the_readme_shows_what_the_shipped_example_prints(tmp_path, monkeypatch, capsys):
+    """The README's "What you see" lines are the replay's own (each up to where the README shortens it at
+    "..."), and its count of candidates is the recording's."""
+    readme = (ROOT / "README.md").read_text()
+    sample = readme.split("From the example's recording", 1)[1].split("```", 2)[1]
+    lines = [line.split("...", 1)[0].rstrip() for line in sample.strip().splitlines()]
+    monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: RecordedVerdicts())
+    assert run.main(["--replay", str(EXAMPLE), "--out", str(tmp_path / "example")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 5 and [line for line in lines if not any(p.startswith(line) for p in printed)] == []
+    n = len(verdicts(EXAMPLE))
+    assert f"replay: {n} candidates evaluated again on this machine: the verdict matches the recording for {n} of {n}" \
+        in " ".join(readme.split())
+
+
 @pytest.mark.slow
 def test_the_shipped_example_replays_with_the_real_evaluator(tmp_path):
     """python run.py --replay examples/conv_groupnorm_small, as the README says: the real CPU evaluator
