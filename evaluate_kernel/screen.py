@@ -168,6 +168,8 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
                     out.append((_CALL_RULES[a.name], node.lineno, f"from {node.module} import {a.name}"))
                 if isinstance(node, ast.ImportFrom) and node.module in ("os", "posix") and a.name in _OS_FILE_CALLS:
                     out.append(("file_io", node.lineno, f"from {node.module} import {a.name}"))
+                if isinstance(node, ast.ImportFrom) and f"{node.module}.{a.name}" == "sys.modules":
+                    out.append(("introspection", node.lineno, "from sys import modules"))   # forty-fourth red team
         elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
             out.append(("try_except", node.lineno, "try/except"))
         elif isinstance(node, ast.Name) and node.id == "Model":
@@ -203,7 +205,7 @@ def _findings(tree: ast.AST) -> list[tuple[str, int, str]]:
         elif isinstance(node, ast.Attribute):
             if node.attr in _ATTR_RULES:
                 out.append((_ATTR_RULES[node.attr], node.lineno, _dotted(node) or node.attr))
-            if _dotted(node) == "sys.modules" or (node.attr == "__dict__"
+            if _canonical(_dotted(node), module_alias) == "sys.modules" or (node.attr == "__dict__"
                                                   and _dotted(node.value).split(".")[0] in module_alias):
                 out.append(("introspection", node.lineno, _dotted(node)))
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.For, ast.AsyncFor,

@@ -414,7 +414,9 @@ def test_screen_more_patterns():
              "self.s = getattr(torch, 'sy' + 's')", "f = getattr(self.s, '_get' + 'frame')(1)",
              "import torch.nn.functional as F\nb = getattr(F, '__buil' + 'tins__')",
              "torch.backends.cuda.matmul.allow_tf32, _ = True, 0",
-             "for torch.backends.cudnn.allow_tf32 in (True,):\n    pass", "torch.set_float32_matmul_precision('medium')"]
+             "for torch.backends.cudnn.allow_tf32 in (True,):\n    pass", "torch.set_float32_matmul_precision('medium')",
+             # the module table by another spelling (forty-fourth red team: the harness's batch step replaced)
+             "from sys import modules", "from sys import modules as m", "import sys as s\nm = s.modules"]
     for c in cases:
         assert ek.screen("import torch\n" + c + "\nclass ModelNew(torch.nn.Module):\n    pass\n").status == "rejected", c
 
