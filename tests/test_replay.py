@@ -180,27 +180,22 @@ class RecordedVerdicts(InstantEvaluator):
 
 def test_the_shipped_example_replays_with_todays_prompts(tmp_path, monkeypatch, capsys):
     """The README's first command. If this fails after a change to the prompts, re-record the example:
-    python scripts/record_example.py"""
+    python scripts/record_example.py. The README's "What you see" lines are the replay's own (each up to
+    where the README shortens it at "..."), and its count of candidates is the recording's."""
     monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: RecordedVerdicts())
     out = tmp_path / "example"
-    rc = run.main(["--replay", str(EXAMPLE), "--out", str(out), "--quiet"])
-    assert rc == 0, capsys.readouterr().err
+    rc = run.main(["--replay", str(EXAMPLE), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
     assert sources(out) == sources(EXAMPLE) and verdicts(out) == verdicts(EXAMPLE)
     assert exchanges(out) == exchanges(EXAMPLE)
     size = sum(f.stat().st_size for f in EXAMPLE.rglob("*") if f.is_file())
     assert size < 400_000, f"the shipped example grew to {size:,} bytes"
-
-
-def test_the_readme_shows_what_the_shipped_example_prints(tmp_path, monkeypatch, capsys):
-    """The README's "What you see" lines are the replay's own (each up to where the README shortens it at
-    "..."), and its count of candidates is the recording's."""
     readme = (ROOT / "README.md").read_text()
     sample = readme.split("From the example's recording", 1)[1].split("```", 2)[1]
     lines = [line.split("...", 1)[0].rstrip() for line in sample.strip().splitlines()]
-    monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: RecordedVerdicts())
-    assert run.main(["--replay", str(EXAMPLE), "--out", str(tmp_path / "example")]) == 0
-    printed = capsys.readouterr().out.splitlines()
-    assert len(lines) >= 5 and [line for line in lines if not any(p.startswith(line) for p in printed)] == []
+    shown = printed.out.splitlines()
+    assert len(lines) >= 5 and [line for line in lines if not any(p.startswith(line) for p in shown)] == []
     n = len(verdicts(EXAMPLE))
     assert f"replay: {n} candidates evaluated again on this machine: the verdict matches the recording for {n} of {n}" \
         in " ".join(readme.split())
