@@ -72,10 +72,12 @@ class Config:
 
 
 # What --resume may change (the search state does not depend on it), and why the rest may not.
-RESUME_MAY_CHANGE = {"model", "provider", "base_url", "secondary_model", "temperature", "max_output_tokens",
-                     "model_choice", "price", "budget_usd", "gpus", "generations", "token_budget",
-                     "max_llm_failures", "reference_limit", "timing_s", "quiet",
-                     "resume", "eval_cache", "ray", "ray_cpus", "ray_actors"}
+RESUME_MAY_CHANGE = ("model", "model_choice", "price", "budget_usd", "base_url", "provider", "secondary_model",
+                     "temperature", "max_output_tokens", "gpus", "ray", "ray_cpus", "ray_actors", "generations",
+                     "token_budget", "max_llm_failures", "reference_limit", "timing_s", "eval_cache", "quiet",
+                     "resume")
+# What a replay may be given besides --replay; everything else is the recording's.
+REPLAY_OPTIONS = ("replay", "out", "quiet", "reference_limit")
 RESUME_REFUSES = {
     "task": "the checkpoint's programs and scores belong to the saved task",
     "device": "the saved scores were measured on the saved device",
@@ -306,19 +308,18 @@ def _parser(default=None) -> argparse.ArgumentParser:
     a("--reference-limit", type=_positive, default=Config.reference_limit, metavar="SECONDS",
       help="stop at once if measuring the reference takes longer than this")
     a("--timing-s", type=_positive, metavar="SECONDS", help="time each candidate at most this long once its "
-      "speedup's 95%% interval has not narrowed to 0.5%% (GPU) or 2%% (CPU) (default: 10 on a GPU, 3 on the "
+      "speedup's 95%% interval has not narrowed to 0.5%% (GPU) or 2%% (CPU) (default: 10 on a GPU, 2 on the "
       "CPU); shorter is faster and less sure, and every result states its interval")
 
     group = p.add_argument_group("output")
     a("--out", metavar="DIR", help="run directory, new or empty (default: runs/<task>-<time>-<random>)")
-    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; --model, "
-      "--model-choice, --price, --budget-usd, --base-url, --provider, --secondary-model, --temperature, "
-      "--max-output-tokens, --gpus, --ray, --generations, --token-budget and --max-llm-failures may change")
+    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint; "
+      f"{_flags(RESUME_MAY_CHANGE[:-1])} may change")
     a("--report", metavar="DIR", help="write DIR/report.html for any run directory (finished, running "
                                       "or killed) and exit; takes no other option")
     a("--replay", metavar="DIR", help="run the search recorded in DIR again, every LLM reply taken from "
       "DIR/transcript.jsonl (no API key, no network); candidates are evaluated again here and their verdicts "
-      "compared with the recording; --out and --quiet may be given")
+      f"compared with the recording; {_flags(REPLAY_OPTIONS[1:])} may be given")
     a("--quiet", action="store_true", help="no per-generation progress lines")
 
     group = p.add_argument_group("cluster", "Evaluation on a Ray cluster (pip install -r requirements-ray.txt).")
@@ -461,6 +462,12 @@ def _gpus(text: str) -> str:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _flags(names) -> str:
+    """--a, --b and --c"""
+    flags = [_flag(n) for n in names]
+    return ", ".join(flags[:-1]) + " and " + flags[-1] if len(flags) > 1 else "".join(flags)
 
 
 def _cuda_count() -> int:

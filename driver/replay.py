@@ -32,13 +32,10 @@ from types import SimpleNamespace
 
 from driver import rundir as rundir_mod
 from driver import transcript
-from driver.cli import Config, _flag
+from driver.cli import REPLAY_OPTIONS, Config, _flag
 from hcm_prompts import prompt_kind
 from hcm_state import program_id
 import llm
-
-# What a replay may be given besides --replay; everything else is the recording's.
-OPTIONS = ("replay", "out", "quiet", "reference_limit")
 
 
 class ReplayError(Exception):
@@ -108,10 +105,10 @@ class Recording:
 
     def config(self, cfg: Config, given: set[str]) -> Config:
         """The recorded options, with the few a replay may set; generations stop where the recording did."""
-        extra = sorted(given - set(OPTIONS))
+        extra = sorted(given - set(REPLAY_OPTIONS))
         if extra:
             raise ReplayError(f"--replay runs with the recording's options, so {_flag(extra[0])} cannot be given "
-                              f"(only {', '.join(_flag(o) for o in OPTIONS[1:])} can)")
+                              f"(only {', '.join(_flag(o) for o in REPLAY_OPTIONS[1:])} can)")
         known = {f.name for f in dataclasses.fields(Config)}
         saved = {k: v for k, v in self.meta["config"].items() if k in known}
         merged = {**dataclasses.asdict(Config()), **saved}

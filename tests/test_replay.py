@@ -181,7 +181,8 @@ class RecordedVerdicts(InstantEvaluator):
 def test_the_shipped_example_replays_with_todays_prompts(tmp_path, monkeypatch, capsys):
     """The README's first command. If this fails after a change to the prompts, re-record the example:
     python scripts/record_example.py. The README's "What you see" lines are the replay's own (each up to
-    where the README shortens it at "..."), and its count of candidates is the recording's."""
+    where the README shortens it at "..."), and so are docs/running.md's; the README's count of candidates
+    is the recording's."""
     monkeypatch.setattr(startup, "make_evaluator", lambda *a, **k: RecordedVerdicts())
     out = tmp_path / "example"
     rc = run.main(["--replay", str(EXAMPLE), "--out", str(out)])
@@ -191,11 +192,12 @@ def test_the_shipped_example_replays_with_todays_prompts(tmp_path, monkeypatch, 
     assert exchanges(out) == exchanges(EXAMPLE)
     size = sum(f.stat().st_size for f in EXAMPLE.rglob("*") if f.is_file())
     assert size < 400_000, f"the shipped example grew to {size:,} bytes"
-    readme = (ROOT / "README.md").read_text()
-    sample = readme.split("From the example's recording", 1)[1].split("```", 2)[1]
-    lines = [line.split("...", 1)[0].rstrip() for line in sample.strip().splitlines()]
     shown = printed.out.splitlines()
-    assert len(lines) >= 5 and [line for line in lines if not any(p.startswith(line) for p in shown)] == []
+    for doc, marker in (("README.md", "From the example's recording"), ("docs/running.md", "(from the example's")):
+        sample = (ROOT / doc).read_text().split(marker, 1)[1].split("```", 2)[1]
+        lines = [line.split("...", 1)[0].rstrip() for line in sample.strip().splitlines()]
+        assert len(lines) >= 5 and [line for line in lines if not any(p.startswith(line) for p in shown)] == [], doc
+    readme = (ROOT / "README.md").read_text()
     n = len(verdicts(EXAMPLE))
     assert f"replay: {n} candidates evaluated again on this machine: the verdict matches the recording for {n} of {n}" \
         in " ".join(readme.split())
