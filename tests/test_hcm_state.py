@@ -126,12 +126,11 @@ def test_programs_parse_in_threads_at_once():
     thresholds = gc.get_threshold()
     gc.set_threshold(200)   # collections every few hundred allocations: many fall inside a parse
     try:
-        for _ in range(2):
-            threads = [threading.Thread(target=parse, args=(k,)) for k in range(9)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        threads = [threading.Thread(target=parse, args=(k,)) for k in range(9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     finally:
         gc.callbacks.remove(switch_threads)
         gc.set_threshold(*thresholds)
