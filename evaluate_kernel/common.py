@@ -306,6 +306,9 @@ def _words(rows):
 # Upper bounds of what the hardware can do (a runtime below them is physically impossible).
 _PEAKS = {"H100": (3.9e12, 1.0e15), "H200": (5.2e12, 1.0e15), "A100": (2.1e12, 3.2e14), "B200": (8.5e12, 2.5e15)}
 _DISTS = ("own", "own", "scaled", "negated", "zero_mean", "per_sample")
+# The timing's stop rule by device, where Options leave it open (target_ci, timing_s: None).
+TARGET_CI = {"cuda": 0.005, "cpu": 0.02}
+TIMING_S = {"cuda": 10.0, "cpu": 2.0}
 
 
 @dataclass
@@ -328,11 +331,11 @@ class Options:
     batch_bytes: int = 0  # ... its inputs and outputs within this (0: 4 GiB on a GPU, 512 MiB on the CPU);
     min_pairs: int = 6  # counted pairs before the interval may stop the timing ...
     max_pairs: int = 40  # ... and at most this many
-    target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: 0.5% on a
-    # GPU, 2% on the CPU) ...
-    timing_s: float | None = None  # ... or after this long, once min_pairs count (None: 10 s on a GPU, 2 s on
-    # the CPU, where a loaded machine may never reach 2% and every candidate of a search would pay the whole
-    # budget; with nothing but calls in a CPU batch, 2 s gives about +-2% on conv_groupnorm_small)
+    target_ci: float | None = None  # stop when the speedup's 95% interval is within +- this (None: TARGET_CI,
+    # 0.5% on a GPU, 2% on the CPU) ...
+    timing_s: float | None = None  # ... or after this long, once min_pairs count (None: TIMING_S, 10 s on a
+    # GPU, 2 s on the CPU, where a loaded machine may never reach 2% and every candidate of a search would pay
+    # the whole budget; with nothing but calls in a CPU batch, 2 s gives about +-2% on conv_groupnorm_small)
     verify_per_batch: int = 2  # calls per candidate batch whose outputs are checked (chosen after its digests or
     # its stopped memory): a shortcut that holds for half the input distributions escapes a batch 1 time in 4
     max_threads: int = 64  # threads a runner may hold while it is stopped for the reference (each can

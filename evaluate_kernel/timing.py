@@ -26,7 +26,7 @@ import threading
 import time
 
 from . import clock, readout
-from .common import EvalResult, _remove
+from .common import TARGET_CI, TIMING_S, EvalResult, _remove
 from .steps import Steps
 from .verdict import forged as _forged
 
@@ -43,8 +43,8 @@ class Timing(Steps):
         """Alternate batches until the interval is narrow enough; returns what _verify and _verdict need."""
         opts, dev = self.opts, self.dev
         gpu = self.ev.device == "cuda"
-        target = opts.target_ci if opts.target_ci is not None else (0.005 if gpu else 0.02)
-        budget_s = opts.timing_s if opts.timing_s is not None else (10.0 if gpu else 2.0)
+        target = opts.target_ci if opts.target_ci is not None else TARGET_CI["cuda" if gpu else "cpu"]
+        budget_s = opts.timing_s if opts.timing_s is not None else TIMING_S["cuda" if gpu else "cpu"]
         budget = opts.batch_bytes or ((4 << 30) if gpu else (512 << 20))
         per_call_bytes = int(dev.info.get("in_bytes", 1)) + int(dev.info.get("out_bytes", 1))
         host = not gpu or self.w.region is not None   # the runners' memories are written and read from outside

@@ -123,6 +123,9 @@ def test_help_is_grouped_with_one_default_each_and_an_epilog():
     def entry(flag):
         return " ".join(text.split(f"\n  {flag}", 1)[1].split("\n  -")[0].split())
     assert "(default: 2)" in entry("--islands") and "(default: 0)" in entry("--seed")   # real defaults shown
+    from evaluate_kernel.common import TARGET_CI, TIMING_S   # the evaluator's, restated in the help
+    assert (f"narrowed to {100 * TARGET_CI['cuda']:g}% (GPU) or {100 * TARGET_CI['cpu']:g}% (CPU) (default: "
+            f"{TIMING_S['cuda']:g} on a GPU, {TIMING_S['cpu']:g} on the CPU)") in entry("--timing-s")
     for word in ("GEMINI_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "PACEVOLVE_MODEL",
                  "130", "143", "--resume"):
         assert word in text.split("\nenvironment:")[1], word
