@@ -244,7 +244,7 @@ import torch
 class Model(torch.nn.Module):
     def forward(self, x):
         y = x
-        for _ in range(24):
+        for _ in range(48):
             y = torch.relu(y) * 1.0
         return torch.relu(x) + 0.0 * y
 def get_inputs():
